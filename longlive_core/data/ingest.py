@@ -1,0 +1,257 @@
+"""The ingest stage's logic: list a source, hash, probe, quarantine, de-duplicate, build the manifest.
+
+Work is remembered across runs in a small state directory, so a rerun only does what is new:
+  hashes.parquet  SHA-256 per (path, fingerprint): a file is re-hashed only when it changed
+  probes.parquet  probe outcome per content hash: identical bytes are probed once, ever
+Both are checkpointed every ``checkpoint_every`` items with atomic writes, so a run killed
+halfway keeps what it finished and the rerun redoes only the rest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from longlive_core.config import ConfigError
+from longlive_core.data.captions import CaptionError, load_sidecar
+from longlive_core.data.sources import Listing, S3Config, SourceFile
+from longlive_core.io.atomic import write_parquet
+from longlive_core.progress import Progress
+from longlive_core.video.probe import PROBE_COLUMNS, ProbeError, probe_video
+
+log = logging.getLogger(__name__)
+
+# Bump when the probe's fields or checks change: cached probe outcomes are then redone.
+PROBE_VERSION = 1
+
+MANIFEST_COLUMNS = ["video_id", "path", "status", "reason", "size_bytes", *PROBE_COLUMNS,
+                    "caption_path", "caption_status", "source"]
+STATUSES = ("ok", "quarantined", "duplicate")
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestConfig:
+    source: str
+    cache_dir: str = "data/ingest/s3_cache"
+    min_duration_s: float = 1.0
+    decode_check_frames: int = 8
+    extensions: list[str] = dataclasses.field(
+        default_factory=lambda: [".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"])
+    workers: int = 2
+    checkpoint_every: int = 25
+    s3: S3Config = dataclasses.field(default_factory=S3Config)
+
+    def validate(self, where: str) -> None:
+        if not self.source:
+            raise ConfigError(f"{where}.source must name a directory or an s3://bucket/prefix URI")
+        if self.workers < 1 or self.checkpoint_every < 1 or self.decode_check_frames < 1:
+            raise ConfigError(f"{where}: workers, checkpoint_every and decode_check_frames must be >= 1")
+        if self.min_duration_s < 0:
+            raise ConfigError(f"{where}.min_duration_s must be >= 0")
+        bad = [e for e in self.extensions if not e.startswith(".")]
+        if bad:
+            raise ConfigError(f"{where}.extensions must start with a dot, got {bad}")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class IngestState:
+    """Per-item results that survive across runs (see the module docstring)."""
+
+    def __init__(self, state_dir: str | Path):
+        self.dir = Path(state_dir)
+        self.hashes: dict[tuple[str, str], str] = {}
+        self.probes: dict[str, dict[str, Any]] = {}
+        hp, pp = self.dir / "hashes.parquet", self.dir / "probes.parquet"
+        if hp.is_file():
+            for r in pd.read_parquet(hp).itertuples(index=False):
+                self.hashes[(r.path, r.fingerprint)] = r.video_id
+        if pp.is_file():
+            df = pd.read_parquet(pp)
+            df = df[df["probe_version"] == PROBE_VERSION]
+            for rec in df.astype(object).to_dict("records"):
+                rec = {k: (None if pd.isna(v) else v) for k, v in rec.items()}
+                self.probes[(rec.pop("video_id"), int(rec.pop("decode_check_frames")))] = rec
+
+    def save(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        hashes = pd.DataFrame([{"path": p, "fingerprint": f, "video_id": v}
+                               for (p, f), v in sorted(self.hashes.items())],
+                              columns=["path", "fingerprint", "video_id"])
+        write_parquet(hashes, self.dir / "hashes.parquet")
+        probes = pd.DataFrame([{"video_id": vid, "decode_check_frames": n, **rec}
+                               for (vid, n), rec in sorted(self.probes.items(), key=lambda kv: kv[0])],
+                              columns=["video_id", "decode_check_frames", "probe_version", "error",
+                                       *PROBE_COLUMNS])
+        write_parquet(probes, self.dir / "probes.parquet")
+
+
+@dataclasses.dataclass
+class IngestOutcome:
+    manifest: pd.DataFrame
+    counts: dict[str, int | float]
+
+
+def _probe_record(path: Path, decode_frames: int) -> dict[str, Any]:
+    try:
+        result = probe_video(path, decode_frames)
+    except ProbeError as exc:
+        return {"probe_version": PROBE_VERSION, "error": str(exc), **{c: None for c in PROBE_COLUMNS}}
+    return {"probe_version": PROBE_VERSION, "error": None, **result.as_row()}
+
+
+def _run_parallel(items: list, fn, workers: int, label: str, state: IngestState, every: int, on_done) -> None:
+    if not items:
+        return
+    progress = Progress(log, label, len(items), "files")
+    pending = 0
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(fn, item): item for item in items}
+            for fut in as_completed(futures):
+                on_done(futures[fut], fut.result())
+                progress.advance()
+                pending += 1
+                if pending >= every:
+                    state.save()
+                    pending = 0
+    finally:
+        state.save()
+
+
+def _caption_status(listing_paths: dict[str, SourceFile], video: SourceFile) -> tuple[str | None, str]:
+    rel = Path(video.relpath).with_suffix(".json").as_posix()
+    side = listing_paths.get(rel)
+    if side is None or side.local_path is None:
+        return None, "missing"
+    try:
+        load_sidecar(side.local_path)
+    except CaptionError as exc:
+        return rel, f"invalid: {exc}"
+    return rel, "ok"
+
+
+def ingest(listing: Listing, cfg: IngestConfig, state: IngestState, source_uri: str) -> IngestOutcome:
+    exts = {e.lower() for e in cfg.extensions}
+    by_path = {f.relpath: f for f in listing.files}
+    videos = [f for f in listing.files if Path(f.relpath).suffix.lower() in exts]
+    video_paths = {v.relpath for v in videos}
+    sidecar_paths = {Path(p).with_suffix(".json").as_posix() for p in video_paths}
+    known = sidecar_paths | video_paths
+    other = [f.relpath for f in listing.files if f.relpath not in known]
+    if other:
+        log.info("%d file(s) are neither videos (ingest.extensions) nor caption sidecars, not ingested: %s%s",
+                 len(other), ", ".join(other[:5]), " ..." if len(other) > 5 else "")
+
+    # 1. hash what is new or changed
+    hash_errors: dict[str, str] = {}
+    to_hash = [v for v in videos if v.problem is None and v.size > 0
+               and (v.relpath, v.fingerprint) not in state.hashes]
+
+    def do_hash(v: SourceFile) -> tuple[str | None, str | None]:
+        try:
+            return sha256_file(v.local_path), None
+        except OSError as exc:
+            return None, f"unreadable: {exc.strerror or exc}"
+
+    def hashed(v: SourceFile, res: tuple[str | None, str | None]) -> None:
+        digest, err = res
+        if err:
+            hash_errors[v.relpath] = err
+        else:
+            state.hashes[(v.relpath, v.fingerprint)] = digest
+
+    _run_parallel(to_hash, do_hash, cfg.workers, "ingest: hashing", state, cfg.checkpoint_every, hashed)
+    empty_id = hashlib.sha256(b"").hexdigest()
+    ids = {}
+    for v in videos:
+        if v.size == 0 and v.problem is None:
+            ids[v.relpath] = empty_id
+        elif (v.relpath, v.fingerprint) in state.hashes:
+            ids[v.relpath] = state.hashes[(v.relpath, v.fingerprint)]
+
+    # 2. probe each content once; the first path (in sorted order) stands for its copies
+    first_path: dict[str, str] = {}
+    for v in videos:
+        vid = ids.get(v.relpath)
+        if vid and v.size > 0 and vid not in first_path:
+            first_path[vid] = v.relpath
+    n_frames = cfg.decode_check_frames
+    to_probe = [by_path[p] for vid, p in first_path.items() if (vid, n_frames) not in state.probes]
+
+    def probed(v: SourceFile, rec: dict) -> None:
+        state.probes[(ids[v.relpath], n_frames)] = rec
+
+    _run_parallel(to_probe, lambda v: _probe_record(v.local_path, n_frames), cfg.workers,
+                  "ingest: probing", state, cfg.checkpoint_every, probed)
+
+    # 3. one manifest row per video file
+    rows = []
+    for v in videos:
+        vid = ids.get(v.relpath)
+        row: dict[str, Any] = {"video_id": vid, "path": v.relpath, "size_bytes": v.size,
+                               "source": source_uri, **{c: None for c in PROBE_COLUMNS}}
+        row["caption_path"], row["caption_status"] = _caption_status(by_path, v)
+        if v.problem:
+            status, reason = "quarantined", v.problem
+        elif v.size == 0:
+            status, reason = "quarantined", "empty file (0 bytes)"
+        elif v.relpath in hash_errors:
+            status, reason = "quarantined", hash_errors[v.relpath]
+        else:
+            rec = state.probes[(vid, n_frames)]
+            row.update({c: rec[c] for c in PROBE_COLUMNS})
+            canonical = first_path[vid]
+            if rec["error"]:
+                status, reason = "quarantined", rec["error"]
+                if canonical != v.relpath:
+                    reason += f" (same content as {canonical})"
+            elif rec["duration_s"] < cfg.min_duration_s:
+                status = "quarantined"
+                reason = f"too short: {rec['duration_s']:.2f} s < ingest.min_duration_s {cfg.min_duration_s} s"
+            elif canonical != v.relpath:
+                status, reason = "duplicate", f"duplicate of {canonical}"
+            else:
+                status, reason = "ok", ""
+        row["status"], row["reason"] = status, reason
+        rows.append(row)
+    # forget files that are gone, so the state does not grow without bound
+    current = {(v.relpath, v.fingerprint) for v in videos}
+    state.hashes = {k: h for k, h in state.hashes.items() if k in current}
+    live = set(ids.values())
+    state.probes = {k: r for k, r in state.probes.items() if k[0] in live}
+    state.save()
+    manifest = pd.DataFrame(rows, columns=MANIFEST_COLUMNS)
+    manifest = manifest.astype({"size_bytes": "int64", "duration_s": "float64", "fps": "float64",
+                                "width": "Int64", "height": "Int64", "rotation": "Int64",
+                                "num_frames": "Int64", "bit_rate": "Int64",
+                                "variable_frame_rate": "boolean", "has_audio": "boolean"})
+    counts: dict[str, int | float] = {
+        "files_listed": len(listing.files),
+        "videos": len(videos),
+        "other_files": len(other),
+        "hashed": len(to_hash),
+        "probed": len(to_probe),
+        "reused": sum(1 for v in videos if v.problem is None and v.size > 0) - len(to_hash),
+        **{f"status_{s}": int((manifest["status"] == s).sum()) for s in STATUSES},
+        "ok_duration_s": float(manifest.loc[manifest["status"] == "ok", "duration_s"].sum()),
+        "ok_frames": int(manifest.loc[manifest["status"] == "ok", "num_frames"].sum()),
+        "bytes_hashed": int(sum(v.size for v in to_hash)),
+        "skipped_dir_links": listing.skipped_dir_links,
+        "s3_downloaded": listing.downloaded,
+        "s3_download_bytes": listing.download_bytes,
+        "s3_cache_hits": listing.cache_hits,
+        "s3_removed_from_cache": listing.removed_from_cache,
+    }
+    return IngestOutcome(manifest=manifest, counts=counts)

@@ -1,0 +1,62 @@
+"""Atomic file writes: a reader (or a rerun after a crash) sees the old file or the new one, never
+half of one. Everything is written to a temporary file in the same directory, flushed to disk and
+then renamed over the target."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+TMP_PREFIX = ".tmp-"
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | Path) -> Iterator[Path]:
+    """Yields a temporary path next to ``target``; renames it onto ``target`` if the block succeeds."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + target.name + ".", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_parquet(df: pd.DataFrame, target: str | Path) -> None:
+    with atomic_path(target) as tmp:
+        df.to_parquet(tmp, index=False)
+
+
+def write_json(obj: Any, target: str | Path) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_bytes(data: bytes, target: str | Path) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+
+
+def remove_stale_tmp(directory: str | Path) -> int:
+    """Deletes temporaries a killed run left behind; returns how many."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0
+    n = 0
+    for p in directory.rglob(TMP_PREFIX + "*"):
+        if p.is_file():
+            p.unlink()
+            n += 1
+    return n

@@ -1,0 +1,49 @@
+"""Progress lines for long work and the one-line summary a stage ends with.
+
+Plain log lines rather than a redrawn bar: DVC, Prefect and Slurm all capture stderr to files,
+where a bar turns into noise.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    root = logging.getLogger()
+    if not any(getattr(h, "_longlive", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        handler._longlive = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(level)
+    # Third-party libraries log every request at INFO; keep the stage's own lines readable.
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "alembic", "mlflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class Progress:
+    """Logs ``done/total``, rate and ETA at most every ``every_s`` seconds."""
+
+    def __init__(self, log: logging.Logger, label: str, total: int, unit: str = "items", every_s: float = 5.0):
+        self.log, self.label, self.total, self.unit, self.every_s = log, label, total, unit, every_s
+        self.done = 0
+        self.start = time.monotonic()
+        self._last = self.start
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self._last >= self.every_s or self.done == self.total:
+            self._last = now
+            elapsed = max(now - self.start, 1e-9)
+            rate = self.done / elapsed
+            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+            pct = 100.0 * self.done / self.total if self.total else 100.0
+            self.log.info("%s: %d/%d %s (%.0f%%), %.1f %s/s, ETA %.0fs",
+                          self.label, self.done, self.total, self.unit, pct, rate, self.unit, eta)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.start

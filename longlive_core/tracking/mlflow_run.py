@@ -1,0 +1,135 @@
+"""One MLflow run per stage run, that never breaks the stage.
+
+Every call goes through ``_safe``: the first failure (store unreachable, disk full, a bad value)
+is logged once as a warning, tracking is switched off for the rest of the run and the stage
+carries on. The store is the ``tracking`` section of params.yaml, or ``MLFLOW_TRACKING_URI``
+when set; credentials for a remote store come from MLflow's own environment variables, never
+from params, and URIs are logged with any user:password part removed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from longlive_core.tracking.lineage import git_state
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackingConfig:
+    enabled: bool = True
+    tracking_uri: str = "sqlite:///mlflow.db"
+    experiment: str = "longlive-pipeline"
+    artifact_root: str = "mlartifacts"  # for a local store: where run artifacts go
+    timeout_s: float = 10.0  # for a remote store: how long to wait before giving up on it
+
+
+def redact_uri(uri: str) -> str:
+    return re.sub(r"//[^/@]*@", "//***@", uri)
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class StageRun:
+    """Context manager around ``mlflow.start_run`` for one DVC stage."""
+
+    def __init__(self, cfg: TrackingConfig, stage: str, repo_root: str | Path = ".",
+                 run_name: str | None = None):
+        self.cfg, self.stage = cfg, stage
+        self.repo_root = Path(repo_root)
+        self.run_name = run_name or stage
+        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking_uri
+        self.active = cfg.enabled
+        self.run_id: str | None = None
+        self._mlflow: Any = None
+        if not cfg.enabled:
+            log.info("MLflow tracking is off (tracking.enabled: false)")
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _safe(self, what: str, fn: Callable[[], T]) -> T | None:
+        if not self.active:
+            return None
+        try:
+            return fn()
+        except Exception as exc:  # any tracking failure must leave the stage running
+            self.active = False
+            log.warning("MLflow tracking failed while %s (%s: %s); the stage goes on untracked. Store: %s",
+                        what, type(exc).__name__, str(exc).splitlines()[0][:300] if str(exc) else "",
+                        redact_uri(self.uri))
+            return None
+
+    def _check_remote(self) -> None:
+        if self.uri.startswith(("http://", "https://")):
+            health = self.uri.rstrip("/") + "/health"
+            with urllib.request.urlopen(health, timeout=self.cfg.timeout_s) as resp:  # noqa: S310
+                if resp.status != 200:
+                    raise ConnectionError(f"health check answered HTTP {resp.status}")
+            # fail fast if the server goes away mid-run instead of retrying for minutes
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(self.cfg.timeout_s)))
+
+    def _start(self) -> str:
+        self._check_remote()
+        import mlflow
+
+        self._mlflow = mlflow
+        mlflow.set_tracking_uri(self.uri)
+        exp = mlflow.get_experiment_by_name(self.cfg.experiment)
+        if exp is None:
+            artifact_location = None
+            if "://" not in self.uri or self.uri.startswith(("sqlite:", "file:")):
+                artifact_location = (self.repo_root / self.cfg.artifact_root).resolve().as_uri()
+            exp_id = mlflow.create_experiment(self.cfg.experiment, artifact_location=artifact_location)
+        else:
+            exp_id = exp.experiment_id
+        run = mlflow.start_run(experiment_id=exp_id, run_name=self.run_name)
+        return run.info.run_id
+
+    # -- API --------------------------------------------------------------------------------
+    def __enter__(self) -> StageRun:
+        self.run_id = self._safe("starting the run", self._start)
+        self.set_tags({"dvc.stage": self.stage, **git_state(self.repo_root)})
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        status = "FAILED" if exc_type else "FINISHED"
+        if exc_type:
+            self.set_tags({"error": f"{exc_type.__name__}: {exc}"[:500]})
+        self._safe("ending the run", lambda: self._mlflow.end_run(status=status))
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        flat = {k: ("" if v is None else str(v))[:6000] for k, v in flatten(params).items()}
+        items = sorted(flat.items())
+        for i in range(0, len(items), 100):
+            batch = dict(items[i:i + 100])
+            self._safe("logging params", lambda b=batch: self._mlflow.log_params(b))
+
+    def log_metrics(self, metrics: Mapping[str, float | int], step: int | None = None) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._safe("logging metrics", lambda: self._mlflow.log_metrics(clean, step=step))
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self._safe("setting tags", lambda: self._mlflow.set_tags({k: str(v) for k, v in tags.items()}))
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        if not Path(path).exists():
+            log.warning("not logging artifact %s: it does not exist", path)
+            return
+        self._safe(f"logging artifact {path}", lambda: self._mlflow.log_artifact(str(path), artifact_path))

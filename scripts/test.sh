@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets everything up (into .venv/, if needed) and runs the full test suite, slow tests included.
+# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` for the quick ones.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/bootstrap.sh
+export PATH="$PWD/.venv/bin:$PATH" DVC_NO_ANALYTICS=1
+exec python -m pytest "$@"
