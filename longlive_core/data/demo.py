@@ -128,7 +128,7 @@ def make_demo_data(cfg: DemoDataConfig, out_dir: str | Path, truth_path: str | P
     expected["broken/empty.mp4"] = "quarantined"
     write_bytes(b"Meeting notes, not a video.\n" * 20, out_dir / "broken/notes.mp4")
     expected["broken/notes.mp4"] = "quarantined"
-    copy_rel = "copies/" + Path(plans[0][0].relpath).stem + " copy.mp4"
+    copy_rel = "uploads/" + Path(plans[0][0].relpath).stem + " copy.mp4"
     write_bytes(data, out_dir / copy_rel)
     expected[copy_rel] = "duplicate"
     blip = VideoSpec("short/blip.mp4", (ShotSpec(max(cfg.fps // 2, 2), 0.1, "circle", 7),))

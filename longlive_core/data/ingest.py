@@ -3,6 +3,8 @@
 Work is remembered across runs in a small state directory, so a rerun only does what is new:
   hashes.parquet  SHA-256 per (path, fingerprint): a file is re-hashed only when it changed
   probes.parquet  probe outcome per content hash: identical bytes are probed once, ever
+  canonical.parquet  which path stands for each content: an earlier file keeps status ok when
+                   a copy of it arrives later, whatever the copy's name
 Both are checkpointed every ``checkpoint_every`` items with atomic writes, so a run killed
 halfway keeps what it finished and the rerun redoes only the rest.
 """
@@ -49,8 +51,9 @@ class IngestConfig:
     def validate(self, where: str) -> None:
         if not self.source:
             raise ConfigError(f"{where}.source must name a directory or an s3://bucket/prefix URI")
-        if self.workers < 1 or self.checkpoint_every < 1 or self.decode_check_frames < 1:
-            raise ConfigError(f"{where}: workers, checkpoint_every and decode_check_frames must be >= 1")
+        for key in ("workers", "checkpoint_every", "decode_check_frames"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{where}.{key} must be >= 1, got {getattr(self, key)}")
         if self.min_duration_s < 0:
             raise ConfigError(f"{where}.min_duration_s must be >= 0")
         bad = [e for e in self.extensions if not e.startswith(".")]
@@ -72,8 +75,12 @@ class IngestState:
     def __init__(self, state_dir: str | Path):
         self.dir = Path(state_dir)
         self.hashes: dict[tuple[str, str], str] = {}
-        self.probes: dict[str, dict[str, Any]] = {}
+        self.probes: dict[tuple[str, int], dict[str, Any]] = {}
+        self.canonical: dict[str, str] = {}
         hp, pp = self.dir / "hashes.parquet", self.dir / "probes.parquet"
+        cp = self.dir / "canonical.parquet"
+        if cp.is_file():
+            self.canonical = dict(pd.read_parquet(cp).itertuples(index=False))
         if hp.is_file():
             for r in pd.read_parquet(hp).itertuples(index=False):
                 self.hashes[(r.path, r.fingerprint)] = r.video_id
@@ -95,6 +102,8 @@ class IngestState:
                               columns=["video_id", "decode_check_frames", "probe_version", "error",
                                        *PROBE_COLUMNS])
         write_parquet(probes, self.dir / "probes.parquet")
+        canonical = pd.DataFrame(sorted(self.canonical.items()), columns=["video_id", "path"])
+        write_parquet(canonical, self.dir / "canonical.parquet")
 
 
 @dataclasses.dataclass
@@ -181,12 +190,18 @@ def ingest(listing: Listing, cfg: IngestConfig, state: IngestState, source_uri: 
         elif (v.relpath, v.fingerprint) in state.hashes:
             ids[v.relpath] = state.hashes[(v.relpath, v.fingerprint)]
 
-    # 2. probe each content once; the first path (in sorted order) stands for its copies
+    # 2. probe each content once; one path stands for its copies: the one that did last run,
+    #    if it is still there with that content, else the first in sorted order
     first_path: dict[str, str] = {}
     for v in videos:
         vid = ids.get(v.relpath)
         if vid and v.size > 0 and vid not in first_path:
             first_path[vid] = v.relpath
+    for vid in first_path:
+        previous = state.canonical.get(vid)
+        if previous is not None and ids.get(previous) == vid:
+            first_path[vid] = previous
+    state.canonical = dict(first_path)
     n_frames = cfg.decode_check_frames
     to_probe = [by_path[p] for vid, p in first_path.items() if (vid, n_frames) not in state.probes]
 

@@ -56,10 +56,10 @@ class S3Config:
 
 def safe_relpath(rel: str) -> str | None:
     """Returns the normalised POSIX relative path, or None if it is absolute or climbs out."""
-    p = PurePosixPath(rel)
-    if not rel or p.is_absolute() or any(part in ("..", "") for part in p.parts) or "\\" in rel:
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\\" in rel or any(part in ("", ".", "..") for part in parts):
         return None
-    return p.as_posix()
+    return PurePosixPath(rel).as_posix()
 
 
 def resolve_inside(root: Path, relpath: str) -> Path:

@@ -36,6 +36,15 @@ def redact_uri(uri: str) -> str:
     return re.sub(r"//[^/@]*@", "//***@", uri)
 
 
+def resolve_store_uri(uri: str, repo_root: Path) -> str:
+    """A relative SQLite or plain-path store is relative to the repository, not to the caller's cwd."""
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str((repo_root / uri[len("sqlite:///"):]).resolve())
+    if "://" not in uri and not uri.startswith("databricks"):
+        return str((repo_root / uri).resolve())
+    return uri
+
+
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -55,7 +64,7 @@ class StageRun:
         self.cfg, self.stage = cfg, stage
         self.repo_root = Path(repo_root)
         self.run_name = run_name or stage
-        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking_uri
+        self.uri = resolve_store_uri(os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking_uri, self.repo_root)
         self.active = cfg.enabled
         self.run_id: str | None = None
         self._mlflow: Any = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import colorsys
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -77,10 +77,12 @@ def render_shot(shot: ShotSpec, width: int, height: int) -> Iterator[np.ndarray]
 
 
 def encode_frames(path: str | Path, frames: Iterable[np.ndarray], fps: int, width: int, height: int,
-                  crf: int = 23) -> int:
+                  crf: int = 23, rotation: int = 0, pts: Sequence[int] | None = None) -> int:
     """Writes H.264 (yuv420p) in an MP4 with the index at the front; returns the frame count.
 
-    One encoder thread keeps the bytes reproducible for a given seed.
+    ``rotation`` writes a display matrix (as phones do); ``pts`` gives each frame's timestamp in
+    units of 1/fps, so gaps make a variable-frame-rate file. One encoder thread keeps the bytes
+    reproducible for a given seed.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,9 +93,11 @@ def encode_frames(path: str | Path, frames: Iterable[np.ndarray], fps: int, widt
         stream.pix_fmt = "yuv420p"
         stream.codec_context.options = {"crf": str(crf), "preset": "veryfast", "threads": "1"}
         stream.codec_context.time_base = Fraction(1, fps)
+        if rotation:
+            stream.set_display_rotation(rotation)
         for rgb in frames:
             frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            frame.pts = n
+            frame.pts = pts[n] if pts is not None else n
             frame.time_base = Fraction(1, fps)
             for packet in stream.encode(frame):
                 container.mux(packet)

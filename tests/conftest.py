@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from longlive_core.data.demo import DemoDataConfig, make_demo_data
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["DVC_NO_ANALYTICS"] = "1"
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.update(extra)
+    return env
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True, **env: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed with {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def demo_set(tmp_path_factory) -> tuple[Path, dict]:
+    """The demo's raw data, made once per session (read-only: copy before changing it)."""
+    root = tmp_path_factory.mktemp("demo")
+    truth = make_demo_data(DemoDataConfig(), root / "raw", root / "truth.json")
+    return root / "raw", truth
+
+
+@pytest.fixture
+def demo_copy(demo_set, tmp_path) -> tuple[Path, dict]:
+    raw, truth = demo_set
+    dst = tmp_path / "raw"
+    shutil.copytree(raw, dst)
+    return dst, truth
+
+
+@pytest.fixture
+def repo_copy(tmp_path) -> Path:
+    """The repository's files (tracked and not ignored) in a new git repository with one commit."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    dst = tmp_path / "repo"
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+    git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid"]
+    subprocess.run([*git, "init", "-q"], cwd=dst, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=dst, check=True)
+    subprocess.run([*git, "commit", "-qm", "copy"], cwd=dst, check=True)
+    return dst

@@ -1,0 +1,127 @@
+import os
+import shutil
+
+import pandas as pd
+import pytest
+
+from longlive_core.config import from_mapping
+from longlive_core.data.ingest import MANIFEST_COLUMNS, IngestConfig, IngestState, ingest
+from longlive_core.data.sources import LocalSource, resolve_inside, safe_relpath
+from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
+
+
+def run_ingest(root, state_dir, **overrides):
+    cfg = from_mapping(IngestConfig, {"source": str(root), **overrides}, "ingest")
+    return ingest(LocalSource(root).list(), cfg, IngestState(state_dir), str(root))
+
+
+def test_demo_set_gets_every_outcome(demo_copy, tmp_path):
+    raw, truth = demo_copy
+    out = run_ingest(raw, tmp_path / "state")
+    m = out.manifest
+    assert list(m.columns) == MANIFEST_COLUMNS
+    assert m["path"].is_unique
+    on_disk = sorted(p.relative_to(raw).as_posix() for p in raw.rglob("*.mp4"))
+    assert sorted(m["path"]) == on_disk  # every input listed exactly once
+    assert dict(zip(m["path"], m["status"])) == truth["expected_status"]
+    quarantined = m[m["status"] == "quarantined"].set_index("path")["reason"]
+    assert quarantined["broken/empty.mp4"] == "empty file (0 bytes)"
+    assert quarantined["broken/notes.mp4"].startswith("not a readable video container")
+    assert quarantined["broken/truncated.mp4"].startswith("truncated:")
+    assert quarantined["short/blip.mp4"].startswith("too short: 0.50 s")
+    (copy, original), = truth["duplicate_of"].items()
+    dup = m.set_index("path").loc[copy]
+    assert dup["reason"] == f"duplicate of {original}"
+    assert dup["video_id"] == m.set_index("path").loc[original, "video_id"]
+    ok = m[m["status"] == "ok"].set_index("path")
+    for v in truth["videos"]:
+        assert ok.loc[v["path"], "num_frames"] == v["num_frames"]
+        assert ok.loc[v["path"], "fps"] == pytest.approx(24.0)
+        expected_caption = "missing" if v["caption_form"] == "none" else "ok"
+        assert ok.loc[v["path"], "caption_status"] == expected_caption
+    assert ok["video_id"].str.fullmatch(r"[0-9a-f]{64}").all()
+    # the duplicate is processed once: 8 distinct non-empty contents were probed, not 9
+    assert out.counts["probed"] == 8 and out.counts["hashed"] == 9
+
+
+def test_rerun_is_incremental(demo_copy, tmp_path):
+    raw, _ = demo_copy
+    state = tmp_path / "state"
+    first = run_ingest(raw, state)
+    again = run_ingest(raw, state)
+    assert (again.counts["hashed"], again.counts["probed"]) == (0, 0)
+    pd.testing.assert_frame_equal(first.manifest, again.manifest)
+
+    new = VideoSpec("new/clip.mp4", (ShotSpec(30, 0.4, "circle", 11),))
+    write_video(raw / new.relpath, new, 24, 64, 48)
+    shutil.copy(raw / "sports/match.mp4", raw / "new/match again.mp4")
+    added = run_ingest(raw, state)
+    assert (added.counts["hashed"], added.counts["probed"]) == (2, 1)  # the copy needs no probe
+    rows = added.manifest.set_index("path")
+    assert rows.loc["new/clip.mp4", "status"] == "ok"
+    assert rows.loc["new/match again.mp4", "reason"] == "duplicate of sports/match.mp4"
+
+    os.utime(raw / "new/clip.mp4", ns=(1, 1))  # touched: re-hashed, same content, no re-probe
+    (raw / "new/match again.mp4").unlink()
+    changed = run_ingest(raw, state)
+    assert (changed.counts["hashed"], changed.counts["probed"]) == (1, 0)
+    assert "new/match again.mp4" not in set(changed.manifest["path"])  # removed files disappear
+    assert len(IngestState(state).hashes) == len(changed.manifest) - 1  # the empty file is not hashed
+
+
+def test_changed_decode_check_reprobes(demo_copy, tmp_path):
+    raw, _ = demo_copy
+    run_ingest(raw, tmp_path / "state")
+    out = run_ingest(raw, tmp_path / "state", decode_check_frames=3)
+    assert out.counts["probed"] == 8
+
+
+def test_min_duration_applies_without_reprobing(demo_copy, tmp_path):
+    raw, _ = demo_copy
+    run_ingest(raw, tmp_path / "state")
+    out = run_ingest(raw, tmp_path / "state", min_duration_s=0.0)
+    assert out.counts["probed"] == 0
+    assert out.manifest.set_index("path").loc["short/blip.mp4", "status"] == "ok"
+
+
+def test_symlinks_out_of_the_root_are_quarantined_not_followed(demo_copy, tmp_path):
+    raw, _ = demo_copy
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(raw / "sports/match.mp4", outside / "secret.mp4")
+    os.symlink(outside / "secret.mp4", raw / "escape.mp4")
+    os.symlink(outside, raw / "linked_dir")
+    os.symlink(raw / "sports/match.mp4", raw / "zz_link.mp4")
+    out = run_ingest(raw, tmp_path / "state")
+    rows = out.manifest.set_index("path")
+    assert rows.loc["escape.mp4", "status"] == "quarantined"
+    assert rows.loc["escape.mp4", "reason"] == "symlink points outside the source root"
+    assert not any(p.startswith("linked_dir/") for p in rows.index)
+    assert out.counts["skipped_dir_links"] == 1
+    # a link inside the root is read, and its content is a duplicate of the target
+    assert rows.loc["zz_link.mp4", "status"] == "duplicate"
+
+
+def test_invalid_sidecar_is_reported_per_video(demo_copy, tmp_path):
+    raw, _ = demo_copy
+    (raw / "sports/match.json").write_text('{"shots": []}')
+    rows = run_ingest(raw, tmp_path / "state").manifest.set_index("path")
+    assert rows.loc["sports/match.mp4", "caption_status"].startswith("invalid: match.json: 'shots' must be")
+    assert rows.loc["sports/match.mp4", "status"] == "ok"
+
+
+def test_missing_source_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="put the raw videos there, or set ingest.source"):
+        LocalSource(tmp_path / "nope").list()
+
+
+@pytest.mark.parametrize("rel, ok", [("a/b.mp4", True), ("../x.mp4", False), ("/etc/x", False),
+                                     ("a/../../x", False), ("a//b", False), ("", False), ("a\\..\\b", False)])
+def test_safe_relpath(rel, ok):
+    assert (safe_relpath(rel) is not None) == ok
+
+
+def test_resolve_inside_refuses_escapes(tmp_path):
+    assert resolve_inside(tmp_path, "a/b.mp4") == (tmp_path / "a/b.mp4").resolve()
+    with pytest.raises(ValueError, match="not inside its root"):
+        resolve_inside(tmp_path, "../etc/passwd")

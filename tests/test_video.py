@@ -1,0 +1,103 @@
+import hashlib
+import json
+
+import av
+import numpy as np
+import pytest
+
+from longlive_core.data.demo import DemoDataConfig, make_demo_data
+from longlive_core.video.probe import ProbeError, probe_video
+from longlive_core.video.synth import ShotSpec, VideoSpec, encode_frames, render_shot, write_video
+
+W, H, FPS = 96, 64, 24
+
+
+def _frames(path):
+    with av.open(str(path)) as c:
+        return [f.to_ndarray(format="rgb24").astype(np.float32) for f in c.decode(video=0)]
+
+
+def test_cuts_are_where_the_spec_says(tmp_path):
+    spec = VideoSpec("v.mp4", (ShotSpec(20, 0.0, "circle", 1), ShotSpec(15, 0.5, "square", 2),
+                               ShotSpec(18, 0.15, "circle", 3)))
+    path = tmp_path / "v.mp4"
+    assert write_video(path, spec, FPS, W, H) == 53
+    frames = _frames(path)
+    assert len(frames) == 53
+    diffs = np.array([np.abs(b - a).mean() for a, b in zip(frames, frames[1:])])
+    # frame i+1 starts a shot exactly where the difference to frame i is among the largest
+    top = sorted(int(i) + 1 for i in np.argsort(diffs)[-2:])
+    assert top == spec.cut_frames == [20, 35]
+    inside = np.delete(diffs, [19, 34])
+    assert diffs[[19, 34]].min() > 3 * inside.max()
+
+
+def test_probe_reports_the_fields(tmp_path):
+    spec = VideoSpec("v.mp4", (ShotSpec(30, 0.3, "circle", 5),))
+    write_video(tmp_path / "v.mp4", spec, FPS, W, H)
+    p = probe_video(tmp_path / "v.mp4")
+    assert (p.num_frames, p.width, p.height, p.codec, p.pix_fmt) == (30, W, H, "h264", "yuv420p")
+    assert p.fps == pytest.approx(24.0) and p.duration_s == pytest.approx(30 / 24)
+    assert p.variable_frame_rate is False and p.rotation == 0 and p.has_audio is False
+
+
+def test_probe_sees_rotation_and_variable_frame_rate(tmp_path):
+    shot = ShotSpec(12, 0.6, "square", 9)
+    encode_frames(tmp_path / "rot.mp4", render_shot(shot, W, H), FPS, W, H, rotation=90)
+    assert probe_video(tmp_path / "rot.mp4").rotation == 90
+    pts = [0, 1, 2, 4, 5, 8, 9, 10, 12, 13, 14, 17]  # dropped frames: irregular spacing
+    encode_frames(tmp_path / "vfr.mp4", render_shot(shot, W, H), FPS, W, H, pts=pts)
+    p = probe_video(tmp_path / "vfr.mp4")
+    assert p.variable_frame_rate is True and p.num_frames == 12
+    assert p.duration_s == pytest.approx(18 / 24)
+    assert p.fps == pytest.approx(12 / (18 / 24))
+
+
+def test_probe_rejects_bad_files_with_reasons(tmp_path):
+    spec = VideoSpec("v.mp4", (ShotSpec(40, 0.3, "circle", 5),))
+    write_video(tmp_path / "v.mp4", spec, FPS, W, H)
+    data = (tmp_path / "v.mp4").read_bytes()
+    (tmp_path / "cut.mp4").write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(ProbeError, match="truncated: header declares 40 frames"):
+        probe_video(tmp_path / "cut.mp4")
+    (tmp_path / "text.mp4").write_text("hello")
+    with pytest.raises(ProbeError, match="not a readable video container"):
+        probe_video(tmp_path / "text.mp4")
+    # a valid container with audio and no video
+    with av.open(str(tmp_path / "audio.m4a"), "w") as c:
+        s = c.add_stream("aac", rate=16000)
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+        frame.sample_rate, frame.pts = 16000, 0
+        for pkt in s.encode(frame):
+            c.mux(pkt)
+        for pkt in s.encode():
+            c.mux(pkt)
+    with pytest.raises(ProbeError, match="no video stream"):
+        probe_video(tmp_path / "audio.m4a")
+
+
+def test_demo_data_is_deterministic_and_complete(tmp_path):
+    cfg = DemoDataConfig(width=64, height=48, shot_seconds_min=0.5, shot_seconds_max=0.8)
+    t1 = make_demo_data(cfg, tmp_path / "a", tmp_path / "a.json")
+    t2 = make_demo_data(cfg, tmp_path / "b", tmp_path / "b.json")
+    assert t1 == t2 == json.loads((tmp_path / "a.json").read_text())
+
+    def digests(root):
+        return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in root.rglob("*") if p.is_file()}
+    assert digests(tmp_path / "a") == digests(tmp_path / "b")
+    videos = {p for p in digests(tmp_path / "a") if p.endswith(".mp4")}
+    assert videos == set(t1["expected_status"])  # every video file has an expected outcome
+    assert sorted(t1["expected_status"].values()).count("quarantined") == 4
+    assert any(v["cut_frames"] == [] for v in t1["videos"])  # the single-shot video
+    assert any(" " in v["path"] and not v["path"].isascii() for v in t1["videos"])
+    shortest = min(s["end_frame"] - s["start_frame"] for v in t1["videos"] for s in v["shots"])
+    assert shortest == cfg.short_shot_frames
+    for v in t1["videos"]:
+        assert probe_video(tmp_path / "a" / v["path"]).num_frames == v["num_frames"]
+
+
+def test_demo_data_disabled_writes_no_videos(tmp_path):
+    truth = make_demo_data(DemoDataConfig(enabled=False), tmp_path / "raw", tmp_path / "t.json")
+    assert truth["enabled"] is False and truth["videos"] == []
+    assert list((tmp_path / "raw").iterdir()) == []
