@@ -12,10 +12,13 @@ import dataclasses
 import logging
 import os
 import re
+import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
+
+from mlflow.entities import Metric, Param, RunTag
 
 from longlive_core.tracking.lineage import git_state
 
@@ -67,7 +70,7 @@ class StageRun:
         self.uri = resolve_store_uri(os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking_uri, self.repo_root)
         self.active = cfg.enabled
         self.run_id: str | None = None
-        self._mlflow: Any = None
+        self._client: Any = None
         if not cfg.enabled:
             log.info("MLflow tracking is off (tracking.enabled: false)")
 
@@ -96,20 +99,21 @@ class StageRun:
 
     def _start(self) -> str:
         self._check_remote()
-        import mlflow
+        # A client bound to this store, not mlflow's process-wide fluent state: a process that
+        # runs several stages (the Prefect flow, the tests) must not leak one run's store or
+        # active run into the next.
+        from mlflow.tracking import MlflowClient
 
-        self._mlflow = mlflow
-        mlflow.set_tracking_uri(self.uri)
-        exp = mlflow.get_experiment_by_name(self.cfg.experiment)
+        self._client = MlflowClient(tracking_uri=self.uri)
+        exp = self._client.get_experiment_by_name(self.cfg.experiment)
         if exp is None:
             artifact_location = None
             if "://" not in self.uri or self.uri.startswith(("sqlite:", "file:")):
                 artifact_location = (self.repo_root / self.cfg.artifact_root).resolve().as_uri()
-            exp_id = mlflow.create_experiment(self.cfg.experiment, artifact_location=artifact_location)
+            exp_id = self._client.create_experiment(self.cfg.experiment, artifact_location=artifact_location)
         else:
             exp_id = exp.experiment_id
-        run = mlflow.start_run(experiment_id=exp_id, run_name=self.run_name)
-        return run.info.run_id
+        return self._client.create_run(exp_id, run_name=self.run_name).info.run_id
 
     # -- API --------------------------------------------------------------------------------
     def __enter__(self) -> StageRun:
@@ -121,24 +125,29 @@ class StageRun:
         status = "FAILED" if exc_type else "FINISHED"
         if exc_type:
             self.set_tags({"error": f"{exc_type.__name__}: {exc}"[:500]})
-        self._safe("ending the run", lambda: self._mlflow.end_run(status=status))
+        self._safe("ending the run", lambda: self._client.set_terminated(self.run_id, status=status))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         flat = {k: ("" if v is None else str(v))[:6000] for k, v in flatten(params).items()}
         items = sorted(flat.items())
         for i in range(0, len(items), 100):
             batch = dict(items[i:i + 100])
-            self._safe("logging params", lambda b=batch: self._mlflow.log_params(b))
+            params_ = [Param(k, v) for k, v in batch.items()]
+            self._safe("logging params", lambda p=params_: self._client.log_batch(self.run_id, params=p))
 
     def log_metrics(self, metrics: Mapping[str, float | int], step: int | None = None) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self._safe("logging metrics", lambda: self._mlflow.log_metrics(clean, step=step))
+        now = int(time.time() * 1000)
+        metrics_ = [Metric(k, v, now, step or 0) for k, v in clean.items()]
+        self._safe("logging metrics", lambda: self._client.log_batch(self.run_id, metrics=metrics_))
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self._safe("setting tags", lambda: self._mlflow.set_tags({k: str(v) for k, v in tags.items()}))
+        tags_ = [RunTag(k, str(v)) for k, v in tags.items()]
+        self._safe("setting tags", lambda: self._client.log_batch(self.run_id, tags=tags_))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         if not Path(path).exists():
             log.warning("not logging artifact %s: it does not exist", path)
             return
-        self._safe(f"logging artifact {path}", lambda: self._mlflow.log_artifact(str(path), artifact_path))
+        self._safe(f"logging artifact {path}",
+                   lambda: self._client.log_artifact(self.run_id, str(path), artifact_path))
