@@ -25,7 +25,7 @@ def stage_order(repo_root: str | Path, targets: list[str] | None = None) -> list
 
     with Repo(str(repo_root)) as repo:
         graph = repo.index.graph  # an edge points from a stage to a stage it depends on
-        by_name = {s.addressing: s for s in graph.nodes}
+        by_name = {s.name: s for s in graph.nodes}
         if targets:
             unknown = sorted(set(targets) - set(by_name))
             if unknown:
@@ -34,8 +34,8 @@ def stage_order(repo_root: str | Path, targets: list[str] | None = None) -> list
             for t in targets:
                 keep |= {by_name[t]} | nx.descendants(graph, by_name[t])
             graph = graph.subgraph(keep)
-        order = list(reversed(list(nx.lexicographical_topological_sort(graph, key=lambda s: s.addressing))))
-        return [s.addressing for s in order]
+        order = list(reversed(list(nx.lexicographical_topological_sort(graph, key=lambda s: s.name))))
+        return [s.name for s in order]
 
 
 def _stream(cmd: list[str], cwd: Path, logger) -> int:
@@ -58,7 +58,7 @@ def run_dvc_stage(stage: str, repo_root: str) -> str:
     return stage
 
 
-@task(name="record-pipeline")
+@task(name="record-pipeline", task_run_name="record-pipeline")
 def record(repo_root: str) -> str | None:
     from tasks.record_pipeline import record_pipeline
 

@@ -20,8 +20,10 @@ def git_state(repo_root: str | Path = ".") -> dict[str, str]:
         return out.stdout if out.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    # tracked files only: data and caches that DVC manages are untracked by design
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # Tracked files only (DVC keeps data out of git), and not dvc.lock: `dvc repro` rewrites it
+    # after every stage, so it would mark every stage after the first as dirty.
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                 ":(exclude,glob)**/dvc.lock")
     return {"git.commit": commit.strip() if commit else "unknown",
             "git.dirty": "unknown" if status is None else str(bool(status.strip())).lower()}
 

@@ -1,0 +1,78 @@
+"""`dvc repro` in a copy of the repository, as a user runs it."""
+import json
+import sqlite3
+import sys
+
+import pandas as pd
+import pytest
+from mlflow.tracking import MlflowClient
+
+from longlive_core.tracking.lineage import digest_lines
+from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
+
+from .conftest import run
+
+pytestmark = pytest.mark.slow
+
+
+def report(repo, stage):
+    return json.loads((repo / f"reports/{stage}/run.json").read_text())
+
+
+def test_dvc_repro_runs_demo_data_and_ingest_end_to_end(repo_copy):
+    repo = repo_copy
+    out = run([sys.executable, "-m", "dvc", "repro", "ingest"], repo)
+    assert "Running stage 'demo_data'" in out.stdout and "Running stage 'ingest'" in out.stdout
+
+    truth = json.loads((repo / "data/demo/truth.json").read_text())
+    raw = repo / "data/demo/raw"
+    m = pd.read_parquet(repo / "data/ingest/manifest.parquet")
+    assert sorted(m["path"]) == sorted(p.relative_to(raw).as_posix() for p in raw.rglob("*.mp4"))
+    assert dict(zip(m["path"], m["status"])) == truth["expected_status"]
+    assert (m.loc[m["status"] == "quarantined", "reason"].str.len() > 0).all()
+    assert "city night/café scène.mp4" in set(m["path"])
+
+    # MLflow: one run per stage, with lineage
+    head = run(["git", "rev-parse", "HEAD"], repo).stdout.strip()
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("longlive-pipeline")
+    runs = {r.data.tags["dvc.stage"]: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"demo_data", "ingest"}
+    ingest_run = runs["ingest"]
+    assert ingest_run.info.run_id == report(repo, "ingest")["mlflow_run_id"]
+    assert ingest_run.data.tags["git.commit"] == head
+    assert ingest_run.data.tags["git.dirty"] == "false"
+    expected_digest = digest_lines(f"{r.path}\t{r.video_id}" for r in m.itertuples(index=False))
+    assert ingest_run.data.tags["input.source.sha256"] == expected_digest
+    assert ingest_run.data.params["ingest.source"] == "data/demo/raw"
+    assert ingest_run.data.metrics["status_ok"] == 5 and ingest_run.data.metrics["videos_per_s"] > 0
+    names = {a.path for a in client.list_artifacts(ingest_run.info.run_id)}
+    assert {"manifest.parquet", "run.json"} <= names
+    assert "input.params.sha256" in runs["demo_data"].data.tags
+
+    # unchanged rerun: ingest runs (it must look for new files) but reuses all its work
+    before = (repo / "data/ingest/manifest.parquet").read_bytes()
+    out = run([sys.executable, "-m", "dvc", "repro"], repo)
+    assert "Stage 'demo_data' didn't change, skipping" in out.stdout
+    s = report(repo, "ingest")
+    assert (s["hashed"], s["probed"], s["reused"]) == (0, 0, 9)
+    assert (repo / "data/ingest/manifest.parquet").read_bytes() == before
+
+    # a new file is probed alone; a removed one leaves the manifest
+    write_video(raw / "late/new one.mp4", VideoSpec("x", (ShotSpec(36, 0.2, "square", 4),)), 24, 320, 192)
+    run([sys.executable, "-m", "dvc", "repro", "--single-item", "ingest"], repo)
+    s = report(repo, "ingest")
+    assert (s["hashed"], s["probed"], s["status_ok"]) == (1, 1, 6)
+    (raw / "late/new one.mp4").unlink()
+    run([sys.executable, "-m", "dvc", "repro", "--single-item", "ingest"], repo)
+    assert "late/new one.mp4" not in set(pd.read_parquet(repo / "data/ingest/manifest.parquet")["path"])
+
+    # the pipeline run links the stage runs and carries dvc.lock
+    run(["longlive-record-pipeline"], repo)
+    pipeline = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["dvc.stage"] == "pipeline"]
+    assert len(pipeline) == 1
+    tags = pipeline[0].data.tags
+    assert tags["stage.ingest.run_id"] == report(repo, "ingest")["mlflow_run_id"]
+    assert {"dvc.lock", "params.yaml", "dvc.yaml"} <= {a.path for a in client.list_artifacts(pipeline[0].info.run_id)}
+    with sqlite3.connect(repo / "mlflow.db") as db:
+        assert db.execute("select count(*) from runs").fetchone()[0] == 6  # 2 + 3 ingest reruns + pipeline
