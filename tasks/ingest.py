@@ -27,7 +27,9 @@ def body(params, run):
     if removed:
         log.info("removed %d temporary file(s) left by an interrupted run", removed)
     t0 = time.monotonic()
-    Path(cfg.cache_dir).mkdir(parents=True, exist_ok=True)  # a declared output, even for a local source
+    cache = Path(cfg.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)  # a declared output of the stage, even for a local source
+    (cache / "README.txt").write_text("Local mirror of an s3:// ingest.source (unused for a local one).\n")
     source = open_source(cfg.source, cfg.cache_dir, cfg.s3)
     listing = source.list()
     t_list = time.monotonic() - t0

@@ -29,7 +29,7 @@ from longlive_core.video.probe import PROBE_COLUMNS, ProbeError, probe_video
 log = logging.getLogger(__name__)
 
 # Bump when the probe's fields or checks change: cached probe outcomes are then redone.
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 
 MANIFEST_COLUMNS = ["video_id", "path", "status", "reason", "size_bytes", *PROBE_COLUMNS,
                     "caption_path", "caption_status", "source"]

@@ -1,8 +1,8 @@
 """Probe a video file with PyAV and check that it really decodes.
 
 A header can look fine on a file whose data is cut short, so the probe demuxes every video
-packet (cheap: no decoding), compares that with what the header declares, and decodes frames at
-the start and from the last keyframe to the end.
+packet (cheap: no decoding), compares that with what the header declares, and decodes a few
+frames at the start and from the last keyframe on.
 """
 from __future__ import annotations
 
@@ -111,14 +111,15 @@ def probe_video(path: str | Path, decode_frames: int = 8) -> ProbeResult:
 
     try:
         head, first = _decode_some(path, meta["stream_index"], decode_frames, None)
-        # the last keyframe onwards: data cut off at the end shows up here, not at the start
-        tail, _ = _decode_some(path, meta["stream_index"], 0, pts[-1])
+        # the last keyframe and a few frames after it: bad data at the end shows up here, not at
+        # the start; decoding the whole last GOP would cost up to its length (seconds) per file
+        tail, _ = _decode_some(path, meta["stream_index"], decode_frames, pts[-1])
     except (av.error.FFmpegError, EOFError) as exc:
         raise ProbeError(f"undecodable: {exc}") from exc
     if head < min(decode_frames, num_frames):
         raise ProbeError(f"undecodable: only {head} of the first {min(decode_frames, num_frames)} frames decode")
     if tail == 0:
-        raise ProbeError("undecodable: no frame decodes from the last keyframe to the end")
+        raise ProbeError("undecodable: no frame decodes from the last keyframe on")
     with av.open(path) as container:
         rotation = _rotation(container.streams[meta["stream_index"]], first)
     return ProbeResult(duration_s=round(duration_s, 6), fps=round(fps, 6), variable_frame_rate=vfr,
