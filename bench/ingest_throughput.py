@@ -68,7 +68,7 @@ def main() -> None:
     for workers in (1, 2):
         state = tmp / f"state{workers}"
         cfg = from_mapping(IngestConfig, {"source": str(src), "workers": workers, "min_duration_s": 0.0}, "ingest")
-        t = timed(lambda: ingest(LocalSource(src).list(), cfg, IngestState(state), str(src)))
+        t = timed(lambda cfg=cfg, state=state: ingest(LocalSource(src).list(), cfg, IngestState(state), str(src)))
         rows.append((f"ingest cold, workers={workers}", t, f"{len(files) / t:.1f} files/s"))
     t = timed(lambda: ingest(LocalSource(src).list(), cfg, IngestState(tmp / "state2"), str(src)))
     rows.append(("ingest warm rerun, workers=2", t, f"{len(files) / t:.1f} files/s"))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from longlive_core.config import ConfigError, load_params, stage_config
+from longlive_core.data.sources import SourceError
 from longlive_core.io.atomic import write_json
 from longlive_core.progress import setup_logging
 from longlive_core.tracking.mlflow_run import StageRun, TrackingConfig
@@ -35,18 +36,18 @@ def run_stage(stage: str, body: Callable[[dict[str, Any], StageRun], dict[str, A
         log.error("%s", exc)
         return 2
     start = time.monotonic()
-    with StageRun(tracking, stage) as run:
-        run.log_params({stage: params.get(stage, {})})
-        try:
+    try:
+        with StageRun(tracking, stage) as run:  # an exception marks the MLflow run FAILED
+            run.log_params({stage: params.get(stage, {})})
             summary = body(params, run)
-        except ConfigError as exc:
-            log.error("%s", exc)
-            return 2
-        summary["elapsed_s"] = round(time.monotonic() - start, 3)
-        run.log_metrics({"elapsed_s": summary["elapsed_s"]})
-        summary["mlflow_run_id"] = run.run_id
-        write_json(summary, report_path(stage))
-        run.log_artifact(report_path(stage))
+            summary["elapsed_s"] = round(time.monotonic() - start, 3)
+            run.log_metrics({"elapsed_s": summary["elapsed_s"]})
+            summary["mlflow_run_id"] = run.run_id
+            write_json(summary, report_path(stage))
+            run.log_artifact(report_path(stage))
+    except (ConfigError, SourceError) as exc:  # bad params or source: the message says what to fix
+        log.error("%s: %s", stage, exc)
+        return 2
     log.info("%s: %s (%.1fs)", stage, one_line(summary), summary["elapsed_s"])
     return 0
 

@@ -27,7 +27,8 @@ def cli_env(**extra: str) -> dict[str, str]:
 def run(cmd: list[str], cwd: Path, check: bool = True, **env: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{cmd} failed with {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+        raise AssertionError(
+            f"{cmd} failed with {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
     return proc
 
 

@@ -7,7 +7,8 @@ import pytest
 from longlive_core.config import ConfigError, from_mapping, load_params, stage_config
 from longlive_core.data.demo import DemoDataConfig
 from longlive_core.data.ingest import IngestConfig
-from longlive_core.params_overlay import apply_overlay, main as params_main
+from longlive_core.params_overlay import apply_overlay
+from longlive_core.params_overlay import main as params_main
 from longlive_core.tracking.mlflow_run import TrackingConfig
 
 from .conftest import REPO

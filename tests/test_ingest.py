@@ -6,7 +6,7 @@ import pytest
 
 from longlive_core.config import from_mapping
 from longlive_core.data.ingest import MANIFEST_COLUMNS, IngestConfig, IngestState, ingest
-from longlive_core.data.sources import LocalSource, resolve_inside, safe_relpath
+from longlive_core.data.sources import LocalSource, SourceError, resolve_inside, safe_relpath
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
 
@@ -111,7 +111,7 @@ def test_invalid_sidecar_is_reported_per_video(demo_copy, tmp_path):
 
 
 def test_missing_source_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="put the raw videos there, or set ingest.source"):
+    with pytest.raises(SourceError, match="put the raw videos there, or set ingest.source"):
         LocalSource(tmp_path / "nope").list()
 
 
@@ -125,3 +125,24 @@ def test_resolve_inside_refuses_escapes(tmp_path):
     assert resolve_inside(tmp_path, "a/b.mp4") == (tmp_path / "a/b.mp4").resolve()
     with pytest.raises(ValueError, match="not inside its root"):
         resolve_inside(tmp_path, "../etc/passwd")
+
+
+def test_unreadable_files_are_quarantined_and_retried_next_run(demo_copy, tmp_path, monkeypatch):
+    import longlive_core.data.ingest as ingest_mod
+
+    raw, _ = demo_copy
+    real = ingest_mod.sha256_file
+
+    def flaky(path, *a, **kw):
+        if path.name == "match.mp4":
+            raise PermissionError(13, "Permission denied")
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(ingest_mod, "sha256_file", flaky)
+    rows = run_ingest(raw, tmp_path / "state").manifest.set_index("path")
+    assert rows.loc["sports/match.mp4", "status"] == "quarantined"
+    assert rows.loc["sports/match.mp4", "reason"] == "unreadable: Permission denied"
+    monkeypatch.setattr(ingest_mod, "sha256_file", real)
+    again = run_ingest(raw, tmp_path / "state")
+    assert again.counts["hashed"] == 1  # the failure was not remembered as a result
+    assert again.manifest.set_index("path").loc["sports/match.mp4", "status"] == "ok"

@@ -1,4 +1,5 @@
 """The S3 source against a real HTTP endpoint: moto's standalone server, started here."""
+import contextlib
 import json
 import logging
 import secrets
@@ -6,7 +7,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import boto3
 import pytest
@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 
 from longlive_core.config import from_mapping
 from longlive_core.data.ingest import IngestConfig, IngestState, ingest
-from longlive_core.data.sources import S3Config, S3Source
+from longlive_core.data.sources import S3Config, S3Source, SourceError
 
 from .conftest import REPO, VENV_BIN, free_port, run
 
@@ -37,7 +37,7 @@ def endpoint():
         except Exception:
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise RuntimeError("moto_server did not start")
+                raise RuntimeError("moto_server did not start") from None
             time.sleep(0.2)
     yield url
     proc.terminate()
@@ -61,10 +61,8 @@ def bucket(endpoint, demo_set, request):
     """A fresh prefix in the bucket holding the demo set; returns (s3 client, prefix uri)."""
     raw, truth = demo_set
     c = client(endpoint)
-    try:
+    with contextlib.suppress(ClientError):  # made by an earlier test
         c.create_bucket(Bucket=BUCKET)
-    except ClientError:
-        pass
     prefix = f"{request.node.name[:40]}/raw"
     for p in raw.rglob("*"):
         if p.is_file():
@@ -102,7 +100,7 @@ def test_s3_rerun_downloads_only_what_changed(bucket, endpoint, tmp_path):
     assert (out.counts["hashed"], out.counts["probed"]) == (0, 0)
 
     c.put_object(Bucket=BUCKET, Key=f"{prefix}/sports/match.json", Body=b'{"caption": "new words"}')
-    c.delete_object(Bucket=BUCKET, Key="%s/nature/single_take.mp4" % prefix)
+    c.delete_object(Bucket=BUCKET, Key=f"{prefix}/nature/single_take.mp4")
     c.copy_object(Bucket=BUCKET, Key=f"{prefix}/late/arrival.mp4",
                   CopySource={"Bucket": BUCKET, "Key": f"{prefix}/street/market_day.mp4"})
     third, out = s3_ingest(uri, endpoint, cache, state)
@@ -158,7 +156,7 @@ def test_downloads_retry_with_backoff_then_succeed(bucket, endpoint, tmp_path, c
 
 
 def test_missing_bucket_is_an_error_not_an_empty_listing(endpoint, tmp_path):
-    with pytest.raises(ClientError, match="NoSuchBucket"):
+    with pytest.raises(SourceError, match="S3 answered NoSuchBucket .*check the bucket"):
         S3Source("s3://no-such-bucket/x", tmp_path / "c", S3Config(endpoint_url=endpoint)).list()
 
 

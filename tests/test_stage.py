@@ -9,6 +9,7 @@ import time
 import pandas as pd
 import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
@@ -48,7 +49,10 @@ def test_bad_params_fail_with_the_key_named(demo_copy, tmp_path):
     assert proc.returncode == 2 and "ingest.workers must be >= 1, got 0" in proc.stderr
     work = workdir(tmp_path, tmp_path / "missing")
     proc = run([sys.executable, "-m", "tasks.ingest"], work, check=False)
-    assert proc.returncode != 0 and "is not a directory: put the raw videos there" in proc.stderr
+    assert proc.returncode == 2 and "is not a directory: put the raw videos there" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    runs = MlflowClient(f"sqlite:///{work / 'mlflow.db'}").search_runs(["1"])
+    assert [r.info.status for r in runs] == ["FAILED", "FAILED"]  # both runs above
     assert not (work / "data/ingest/manifest.parquet").exists()
 
 

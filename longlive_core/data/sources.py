@@ -21,8 +21,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from longlive_core.io.atomic import atomic_path, write_json
+from longlive_core.progress import Progress
 
 log = logging.getLogger(__name__)
+
+
+class SourceError(RuntimeError):
+    """The source cannot be listed or read as a whole; the message says what to check."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +88,7 @@ class LocalSource:
 
     def list(self) -> Listing:
         if not self.root.is_dir():
-            raise FileNotFoundError(
+            raise SourceError(
                 f"ingest.source {self.root} is not a directory: put the raw videos there, or set "
                 "ingest.source in params.yaml to a directory or an s3://bucket/prefix URI")
         real_root = self.root.resolve()
@@ -204,11 +209,29 @@ class S3Source:
             time.sleep(delay)
 
     def list(self) -> Listing:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return self._sync()
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            raise SourceError(
+                f"{self.uri}: S3 answered {err.get('Code', '?')} ({err.get('Message', '')}); check the bucket "
+                "and prefix in ingest.source, ingest.s3.endpoint_url, and the credentials in the environment "
+                "or ingest.s3.profile") from exc
+        except BotoCoreError as exc:
+            raise SourceError(f"{self.uri}: {exc}; check ingest.s3.endpoint_url and the network, and that "
+                              "credentials are set in the environment or ingest.s3.profile") from exc
+
+    def _sync(self) -> Listing:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         index = self._index()
         listing = Listing(files=[])
         seen: set[str] = set()
-        for obj in self._objects():
+        objects = self._objects()
+        progress = Progress(log, f"ingest: syncing {self.uri}", len(objects), "objects")
+        for obj in objects:
+            progress.advance()
             key, size, etag = obj["Key"], int(obj["Size"]), obj["ETag"]
             if key.endswith("/") and size == 0:
                 continue  # a "folder" marker object

@@ -128,7 +128,7 @@ class StageRun:
         self._safe("ending the run", lambda: self._client.set_terminated(self.run_id, status=status))
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        flat = {k: ("" if v is None else str(v))[:6000] for k, v in flatten(params).items()}
+        flat = {k: redact_uri("" if v is None else str(v))[:6000] for k, v in flatten(params).items()}
         items = sorted(flat.items())
         for i in range(0, len(items), 100):
             batch = dict(items[i:i + 100])
