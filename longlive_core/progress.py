@@ -19,7 +19,7 @@ def setup_logging(level: int = logging.INFO) -> None:
         root.addHandler(handler)
     root.setLevel(level)
     # Third-party libraries log every request at INFO; keep the stage's own lines readable.
-    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "alembic", "mlflow"):
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "alembic", "mlflow", "pyscenedetect"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

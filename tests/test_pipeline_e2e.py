@@ -52,7 +52,7 @@ def test_dvc_repro_runs_demo_data_and_ingest_end_to_end(repo_copy):
 
     # unchanged rerun: ingest runs (it must look for new files) but reuses all its work
     before = (repo / "data/ingest/manifest.parquet").read_bytes()
-    out = run([sys.executable, "-m", "dvc", "repro"], repo)
+    out = run([sys.executable, "-m", "dvc", "repro", "ingest"], repo)
     assert "Stage 'demo_data' didn't change, skipping" in out.stdout
     s = report(repo, "ingest")
     assert (s["hashed"], s["probed"], s["reused"]) == (0, 0, 9)
@@ -76,3 +76,25 @@ def test_dvc_repro_runs_demo_data_and_ingest_end_to_end(repo_copy):
     assert {"dvc.lock", "params.yaml", "dvc.yaml"} <= {a.path for a in client.list_artifacts(pipeline[0].info.run_id)}
     with sqlite3.connect(repo / "mlflow.db") as db:
         assert db.execute("select count(*) from runs").fetchone()[0] == 6  # 2 + 3 ingest reruns + pipeline
+
+
+def test_dvc_repro_shots_end_to_end(repo_copy):
+    repo = repo_copy
+    run([sys.executable, "-m", "dvc", "repro", "shots"], repo)
+    truth = json.loads((repo / "data/demo/truth.json").read_text())
+    shots = pd.read_parquet(repo / "data/shots/shots.parquet")
+    rejected = pd.read_parquet(repo / "data/shots/rejected.parquet")
+    for v in truth["videos"]:
+        rows = pd.concat([shots[shots["path"] == v["path"]], rejected[rejected["path"] == v["path"]]])
+        cuts = list(rows.groupby("scene_index")["start_frame"].min().sort_index().iloc[1:])
+        assert len(cuts) == len(v["cut_frames"]) and all(abs(a - b) <= 1 for a, b in zip(cuts, v["cut_frames"]))
+    assert list(rejected["reason"]) == ["too short: 6 frames < 12"]
+    assert list((repo / "data/shots/clips").glob("*.tar"))  # shards, not one file per clip
+    s = report(repo, "shots")
+    assert (s["videos_split"], s["shots"]) == (5, len(shots))
+    # ingest reruns (always_changed) but writes the same manifest, so shots is not redone
+    out = run([sys.executable, "-m", "dvc", "repro", "shots"], repo)
+    assert "Stage 'shots' didn't change, skipping" in out.stdout
+    # a forced rerun reuses every finished video
+    run([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "shots"], repo)
+    assert report(repo, "shots")["videos_reused"] == 5

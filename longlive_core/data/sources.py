@@ -264,6 +264,11 @@ class S3Source:
         return listing
 
 
+def local_root(source: str, cache_dir: str | Path) -> Path:
+    """Where the files of an ingested source are read from: the directory, or the S3 mirror."""
+    return Path(cache_dir) if source.startswith("s3://") else Path(source)
+
+
 def open_source(uri: str, cache_dir: str | Path, s3: S3Config) -> LocalSource | S3Source:
     if uri.startswith("s3://"):
         return S3Source(uri, cache_dir, s3)

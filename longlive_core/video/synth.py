@@ -91,7 +91,8 @@ def encode_frames(path: str | Path, frames: Iterable[np.ndarray], fps: int, widt
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height = width, height
         stream.pix_fmt = "yuv420p"
-        stream.codec_context.options = {"crf": str(crf), "preset": "veryfast", "threads": "1"}
+        stream.codec_context.options = {"crf": str(crf), "preset": "veryfast", "threads": "1",
+                                        "x264-params": "log-level=warning"}
         stream.codec_context.time_base = Fraction(1, fps)
         if rotation:
             stream.set_display_rotation(rotation)

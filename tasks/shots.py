@@ -1,0 +1,56 @@
+"""DVC stage `shots`: splits every usable video into shots (PySceneDetect), applies the shot-length
+rules and stores the clips in tar shards. Outputs data/shots/shots.parquet (usable shots) and
+data/shots/rejected.parquet (too-short shots and videos that failed, with reasons). Reruns only
+split new videos (state in data/shots/state/, clips in data/shots/clips/, both persist)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from longlive_core.config import stage_config
+from longlive_core.data.ingest import IngestConfig
+from longlive_core.data.sources import local_root
+from longlive_core.io.atomic import remove_stale_tmp, write_parquet
+from longlive_core.parallel import make_executor
+from longlive_core.shots.detect import ShotsConfig
+from longlive_core.shots.split import split_videos
+from longlive_core.tracking.lineage import digest_file
+from tasks.ingest import MANIFEST
+from tasks.stage import main_for
+
+OUT = Path("data/shots")
+SHOTS = OUT / "shots.parquet"
+REJECTED = OUT / "rejected.parquet"
+CLIPS = OUT / "clips"
+STATE = OUT / "state"
+
+
+def body(params, run):
+    cfg = stage_config(ShotsConfig, "shots", params)
+    ingest_cfg = stage_config(IngestConfig, "ingest", params)
+    remove_stale_tmp(CLIPS)
+    run.set_tags({"input.manifest.sha256": digest_file(MANIFEST)})
+    manifest = pd.read_parquet(MANIFEST)
+    root = local_root(ingest_cfg.source, ingest_cfg.cache_dir)
+    out = split_videos(manifest, root, cfg, STATE, CLIPS, make_executor(cfg.executor, cfg.workers))
+    write_parquet(out.shots, SHOTS)
+    write_parquet(out.rejected, REJECTED)
+    run.log_metrics(out.counts)
+    run.log_artifact(SHOTS)
+    run.log_artifact(REJECTED)
+    return dict(out.counts)
+
+
+def one_line(s) -> str:
+    return (f"{s['videos']} videos -> {s['shots']} usable shots ({s['usable_s']:.1f} s), "
+            f"{s['shots_rejected_short']} too short, {s['videos_failed']} videos failed; "
+            f"{s['videos_split']} split, {s['videos_reused']} reused; {s['video_s_per_s']:.1f} video-s/s")
+
+
+def main() -> None:
+    main_for("shots", body, one_line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+import math
+import tarfile
+
+import av
+import numpy as np
+import pandas as pd
+import pytest
+
+from longlive_core.config import ConfigError, from_mapping
+from longlive_core.data.ingest import IngestConfig, IngestState, ingest
+from longlive_core.data.sources import LocalSource
+from longlive_core.parallel import InlineExecutor, LocalProcessExecutor, make_executor
+from longlive_core.shots.clips import ShardWriter, cut_clips, iter_clip_frames, read_clip
+from longlive_core.shots.detect import ShotsConfig
+from longlive_core.shots.rules import apply_length_rules, shots_from_cuts
+from longlive_core.shots.split import split_videos
+
+DEMO_SHOTS = dict(min_scene_len=4, min_shot_s=0.5, max_shot_s=2.0, clip_crf=0, workers=1)
+
+
+def test_spans_from_cuts():
+    assert shots_from_cuts(100, []) == [(0, 100)]  # no cut: one shot, not zero
+    assert shots_from_cuts(100, [40, 10, 40, 0, 100, 120]) == [(0, 10), (10, 40), (40, 100)]
+
+
+def test_length_rules_reject_short_and_split_long_into_equal_pieces():
+    pieces = apply_length_rules([(0, 5), (5, 105), (105, 125)], min_frames=12, max_frames=48)
+    assert pieces[0].reason == "too short: 5 frames < 12" and pieces[0].scene_index == 0
+    long = [p for p in pieces if p.scene_index == 1]
+    assert [(p.start_frame, p.end_frame) for p in long] == [(5, 38), (38, 71), (71, 105)]
+    assert all(p.reason is None and 24 <= p.num_frames <= 48 for p in long)
+    assert [(p.start_frame, p.end_frame, p.reason) for p in pieces if p.scene_index == 2] == [(105, 125, None)]
+
+
+@pytest.mark.parametrize("length, max_frames", [(49, 48), (97, 48), (1000, 48), (48, 48), (25, 48)])
+def test_split_pieces_stay_within_limits(length, max_frames):
+    pieces = apply_length_rules([(0, length)], min_frames=max_frames // 2, max_frames=max_frames)
+    assert len(pieces) == math.ceil(length / max_frames)
+    assert pieces[0].start_frame == 0 and pieces[-1].end_frame == length
+    assert all(max_frames // 2 <= p.num_frames <= max_frames for p in pieces if length >= max_frames // 2)
+
+
+def test_shot_params_are_checked():
+    with pytest.raises(ConfigError, match="min_shot_s <= max_shot_s / 2"):
+        from_mapping(ShotsConfig, {"min_shot_s": 3.0, "max_shot_s": 4.0}, "shots")
+    with pytest.raises(ConfigError, match="shots.detector must be"):
+        from_mapping(ShotsConfig, {"detector": "histogram"}, "shots")
+
+
+def test_clips_hold_exactly_the_source_frames(demo_set):
+    raw, truth = demo_set
+    video = truth["videos"][0]
+    spans = {i: (s["start_frame"], s["end_frame"]) for i, s in enumerate(video["shots"])}
+    decoded, clips = cut_clips(raw / video["path"], spans, 24, crf=0, preset="veryfast")
+    assert decoded == video["num_frames"]
+    with av.open(str(raw / video["path"])) as c:
+        source = [f.to_ndarray(format="yuv420p") for f in c.decode(video=0)]
+    for i, (start, end) in spans.items():
+        frames = list(iter_clip_frames(clips[i], fmt="yuv420p"))
+        assert len(frames) == end - start
+        assert all(np.array_equal(a, b) for a, b in zip(frames, source[start:end]))  # lossless: bit-exact
+
+
+def test_shard_writer_publishes_only_closed_shards(tmp_path):
+    w = ShardWriter(tmp_path, max_bytes=10)
+    assert w.add("a/0000.mp4", b"x" * 20) == "shard-00000.tar"
+    assert w.full and not (tmp_path / "shard-00000.tar").exists()
+    assert w.close() == "shard-00000.tar"
+    assert read_clip(tmp_path, "shard-00000.tar", "a/0000.mp4") == b"x" * 20
+    w2 = ShardWriter(tmp_path, max_bytes=10)  # a later run continues the numbering
+    assert w2.add("b/0000.mp4", b"y") == "shard-00001.tar"
+    w2.close()
+    with tarfile.open(tmp_path / "shard-00001.tar") as t:
+        assert t.getnames() == ["b/0000.mp4"]
+    with pytest.raises(ValueError, match="bad shard name"):
+        read_clip(tmp_path, "../x.tar", "a")
+
+
+def _fail_on_negative(x):
+    return math.sqrt(x)
+
+
+@pytest.mark.parametrize("executor", [InlineExecutor(), LocalProcessExecutor(2)])
+def test_executors_report_each_items_failure(executor):
+    results = dict(executor.map_unordered(_fail_on_negative, [4, -1, 9]))
+    assert results[4] == 2 and results[9] == 3 and isinstance(results[-1], ValueError)
+    assert isinstance(make_executor("local", 1), InlineExecutor)
+    with pytest.raises(ValueError, match="executor 'ray' is not available"):
+        make_executor("ray", 2)
+
+
+@pytest.fixture
+def demo_manifest(demo_copy, tmp_path):
+    raw, truth = demo_copy
+    cfg = from_mapping(IngestConfig, {"source": str(raw)}, "ingest")
+    m = ingest(LocalSource(raw).list(), cfg, IngestState(tmp_path / "ingest_state"), str(raw)).manifest
+    return raw, truth, m
+
+
+def split(raw, m, tmp_path, **over):
+    cfg = from_mapping(ShotsConfig, {**DEMO_SHOTS, **over}, "shots")
+    return split_videos(m, raw, cfg, tmp_path / "state", tmp_path / "clips", make_executor("local", cfg.workers))
+
+
+def test_split_finds_the_known_cuts_and_applies_the_rules(demo_manifest, tmp_path):
+    raw, truth, m = demo_manifest
+    out = split(raw, m, tmp_path)
+    shots, rejected = out.shots, out.rejected
+    assert set(shots["path"]) == {v["path"] for v in truth["videos"]}
+    for v in truth["videos"]:
+        rows = shots[shots["path"] == v["path"]]
+        rej = rejected[rejected["path"] == v["path"]]
+        scenes = pd.concat([rows, rej]).groupby("scene_index")["start_frame"].min().sort_index()
+        detected_cuts = list(scenes.iloc[1:])
+        assert len(detected_cuts) == len(v["cut_frames"]), (v["path"], detected_cuts, v["cut_frames"])
+        assert all(abs(a - b) <= 1 for a, b in zip(detected_cuts, v["cut_frames"]))
+        # every frame is in exactly one usable or rejected piece
+        spans = sorted([*zip(rows["start_frame"], rows["end_frame"]), *zip(rej["start_frame"], rej["end_frame"])])
+        assert spans[0][0] == 0 and spans[-1][1] == v["num_frames"]
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    single = shots[shots["path"] == "nature/single_take.mp4"]
+    assert set(single["scene_index"]) == {0}
+    (short,) = rejected.itertuples(index=False)
+    assert short.path == "nature/forest_walk.mp4" and short.reason == "too short: 6 frames < 12"
+    assert (shots["num_frames"] <= 48).all() and (shots["num_frames"] >= 12).all()
+    assert (shots["duration_s"] - shots["num_frames"] / 24).abs().max() < 1e-9
+    assert out.counts["single_shot_videos"] >= 1
+    row = shots.iloc[3]
+    clip = read_clip(tmp_path / "clips", row.clip_shard, row.clip_member)
+    assert len(list(iter_clip_frames(clip))) == row.num_frames
+
+
+def test_a_failing_video_is_rejected_and_the_others_go_on(demo_manifest, tmp_path):
+    raw, truth, m = demo_manifest
+    data = (raw / "sports/match.mp4").read_bytes()
+    (raw / "sports/match.mp4").write_bytes(data[: len(data) // 3])  # broken after ingest
+    out = split(raw, m, tmp_path)
+    failed = out.rejected[out.rejected["reason"].str.startswith("failed:")]
+    assert list(failed["path"]) == ["sports/match.mp4"]
+    assert out.counts["videos_failed"] == 1
+    assert set(out.shots["path"]) == {v["path"] for v in truth["videos"]} - {"sports/match.mp4"}
+    (raw / "sports/match.mp4").write_bytes(data)  # fixed: the next run tries it again, alone
+    again = split(raw, m, tmp_path)
+    assert (again.counts["videos_split"], again.counts["videos_failed"]) == (1, 0)
+    assert "sports/match.mp4" in set(again.shots["path"])
+
+
+def test_split_is_incremental(demo_manifest, tmp_path):
+    raw, truth, m = demo_manifest
+    first = split(raw, m, tmp_path)
+    again = split(raw, m, tmp_path)
+    assert (again.counts["videos_split"], again.counts["videos_reused"]) == (0, 5)
+    pd.testing.assert_frame_equal(first.shots, again.shots)
+    fewer = split(raw, m[m["path"] != "sports/match.mp4"], tmp_path)
+    assert "sports/match.mp4" not in set(fewer.shots["path"]) and fewer.counts["videos_split"] == 0
+    changed = split(raw, m, tmp_path, max_shot_s=3.0)  # a detection param changed: all redone
+    assert changed.counts["videos_split"] == 5
+    assert len(changed.shots) < len(first.shots)
