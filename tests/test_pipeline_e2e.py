@@ -98,3 +98,21 @@ def test_dvc_repro_shots_end_to_end(repo_copy):
     # a forced rerun reuses every finished video
     run([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "shots"], repo)
     assert report(repo, "shots")["videos_reused"] == 5
+
+
+def test_dvc_repro_iqa_filter_scores_every_usable_shot_once(repo_copy):
+    repo = repo_copy
+    run([sys.executable, "-m", "dvc", "repro", "iqa_filter"], repo)
+    shots = pd.read_parquet(repo / "data/shots/shots.parquet")
+    scores = pd.read_parquet(repo / "data/iqa/scores.parquet")
+    assert len(scores) == len(shots)
+    assert not scores.duplicated(["video_id", "shot_index"]).any()  # counts conserved
+    assert (scores["iqa_metric"] == "piqe").all()
+    assert (scores["kept"] == (scores["iqa_score"] <= 68.0)).all() and 0 < scores["kept"].sum() < len(scores)
+    assert report(repo, "iqa_filter")["scored"] == len(shots)
+    # a threshold change re-decides from the cache, without scoring again
+    text = (repo / "params.yaml").read_text().replace("piqe: 68.0", "piqe: 100.0")
+    (repo / "params.yaml").write_text(text)
+    run([sys.executable, "-m", "dvc", "repro", "iqa_filter"], repo)
+    assert report(repo, "iqa_filter")["scored"] == 0
+    assert pd.read_parquet(repo / "data/iqa/scores.parquet")["kept"].all()

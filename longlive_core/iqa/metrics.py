@@ -1,0 +1,134 @@
+"""Image-quality metrics through pyiqa, built fully offline.
+
+``piqe`` needs no weights (the demo's metric). ``maniqa`` (the paper's) is built from one local
+checkpoint: pyiqa 0.1.16's MANIQA constructor always asks timm for an ImageNet ViT from the hub,
+so the architecture is built with that download switched off and then every weight, the ViT's
+included, is loaded from the checkpoint (safetensors, or a state dict read with weights_only).
+The metric used is always the one asked for; a missing checkpoint is an error, never a fallback.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+
+from longlive_core.config import ConfigError
+
+METRICS = ("piqe", "maniqa")
+
+
+@dataclasses.dataclass(frozen=True)
+class IQAConfig:
+    metric: str = "piqe"
+    maniqa_checkpoint: str | None = None  # e.g. models/maniqa/ckpt_koniq10k.pt
+    frames_per_shot: int = 3
+    crops: int = 20  # MANIQA's random crops per frame at evaluation (pyiqa uses 20)
+    aggregate: str = "mean"  # mean | median | worst (over a shot's frames; worst follows the direction)
+    batch_size: int = 16
+    device: str = "auto"  # auto | cpu | cuda
+    thresholds: dict[str, float] = dataclasses.field(default_factory=lambda: {"piqe": 50.0, "maniqa": 0.35})
+    motion_width: int = 128  # optical flow runs on frames downscaled to this width
+    min_motion: float = 0.0  # pixels per frame at motion_width; 0 keeps static shots
+
+    def validate(self, where: str) -> None:
+        if self.metric not in METRICS:
+            raise ConfigError(f"{where}.metric must be one of {list(METRICS)}, got {self.metric!r}")
+        if self.metric not in self.thresholds:
+            raise ConfigError(f"{where}.thresholds has no entry for the metric {self.metric!r}")
+        if self.aggregate not in ("mean", "median", "worst"):
+            raise ConfigError(f"{where}.aggregate must be mean, median or worst")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"{where}.device must be auto, cpu or cuda")
+        for key in ("frames_per_shot", "crops", "batch_size", "motion_width"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{where}.{key} must be >= 1")
+        if self.metric == "maniqa":
+            ckpt = self.maniqa_checkpoint
+            if not ckpt or not Path(ckpt).is_file():
+                raise ConfigError(
+                    f"{where}.maniqa_checkpoint {ckpt!r} is not a file. MANIQA needs its KonIQ weights "
+                    "offline: fetch pyiqa's ckpt_koniq10k.pt on a machine with internet, put it under "
+                    "models/maniqa/ and set this path (or use metric: piqe, which needs no weights)")
+
+    def cache_key(self) -> dict:
+        """What the raw scores depend on (thresholds do not: changing them re-scores nothing)."""
+        key = {k: getattr(self, k) for k in ("metric", "frames_per_shot", "aggregate", "motion_width")}
+        if self.metric == "maniqa":
+            st = Path(self.maniqa_checkpoint).stat()  # type: ignore[arg-type]
+            key.update(crops=self.crops, checkpoint=str(self.maniqa_checkpoint), size=st.st_size,
+                       mtime=st.st_mtime_ns)
+        return key
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("iqa_filter.device is cuda but no CUDA device is visible")
+    return torch.device(name)
+
+
+def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # never unpickle code
+    for key in ("params", "state_dict", "model"):
+        if isinstance(state, dict) and key in state and isinstance(state[key], dict):
+            state = state[key]
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def maniqa_architecture(crops: int) -> torch.nn.Module:
+    """MANIQA in pyiqa's KonIQ configuration (scale 0.8), randomly initialised, no download."""
+    import timm
+    from pyiqa.archs import maniqa_arch
+
+    create = timm.create_model
+
+    def offline_create(name, pretrained=False, **kw):
+        return create(name, pretrained=False, **kw)
+
+    with mock.patch.object(maniqa_arch.timm, "create_model", offline_create):
+        return maniqa_arch.MANIQA(pretrained=False, pretrained_model_path=None, test_sample=crops, scale=0.8)
+
+
+def build_maniqa(checkpoint: str | Path, crops: int) -> torch.nn.Module:
+    net = maniqa_architecture(crops)
+    missing, unexpected = net.load_state_dict(load_state_dict(checkpoint), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{checkpoint} does not fit MANIQA: {len(missing)} missing keys (e.g. {missing[:3]}), "
+                         f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+    return net.eval()
+
+
+class QualityMetric:
+    """Scores RGB uint8 frames (N, H, W, 3); ``lower_better`` says the metric's direction."""
+
+    def __init__(self, cfg: IQAConfig, device: torch.device):
+        import pyiqa
+
+        self.name, self.device, self.batch_size = cfg.metric, device, cfg.batch_size
+        self.lower_better = bool(pyiqa.default_model_configs.DEFAULT_CONFIGS[cfg.metric].get("lower_better", False))
+        if cfg.metric == "maniqa":
+            self.net = build_maniqa(cfg.maniqa_checkpoint, cfg.crops).to(device)  # type: ignore[arg-type]
+        else:
+            self.net = pyiqa.create_metric(cfg.metric, device=device, as_loss=False)
+
+    @torch.inference_mode()
+    def __call__(self, frames: np.ndarray) -> np.ndarray:
+        out = []
+        for i in range(0, len(frames), self.batch_size):
+            x = torch.from_numpy(frames[i:i + self.batch_size]).to(self.device)
+            x = x.permute(0, 3, 1, 2).float().div_(255.0)
+            out.append(self.net(x).reshape(-1).float().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def keeps(self, score: float, threshold: float) -> bool:
+        return score <= threshold if self.lower_better else score >= threshold

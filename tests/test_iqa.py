@@ -1,0 +1,113 @@
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from longlive_core.config import ConfigError, from_mapping
+from longlive_core.data.ingest import IngestConfig, IngestState, ingest
+from longlive_core.data.sources import LocalSource
+from longlive_core.iqa.metrics import IQAConfig, QualityMetric, build_maniqa, load_state_dict, maniqa_architecture
+from longlive_core.iqa.motion import motion_score
+from longlive_core.iqa.score import _aggregate, sample_positions, score_shots
+from longlive_core.parallel import make_executor
+from longlive_core.shots.detect import ShotsConfig
+from longlive_core.shots.split import split_videos
+from longlive_core.video.synth import ShotSpec, render_shot
+
+
+def test_sample_positions_leave_room_for_the_motion_pair():
+    assert sample_positions(1, 3) == [0]
+    assert sample_positions(2, 3) == [0]
+    assert sample_positions(25, 3) == [0, 12, 23]
+    assert max(sample_positions(100, 7)) == 98
+
+
+def test_aggregate_worst_follows_the_direction():
+    v = np.array([1.0, 5.0, 3.0])
+    assert _aggregate(v, "mean", True) == 3.0 and _aggregate(v, "median", True) == 3.0
+    assert _aggregate(v, "worst", True) == 5.0 and _aggregate(v, "worst", False) == 1.0
+
+
+def test_motion_score_separates_static_from_moving():
+    frames = list(render_shot(ShotSpec(6, 0.3, "square", 1), 160, 96))
+    moving = motion_score([(frames[0], frames[1]), (frames[3], frames[4])], 128)
+    static = motion_score([(frames[0], frames[0].copy())], 128)
+    assert static < 0.01 < moving
+
+
+def test_maniqa_without_weights_is_an_error_that_names_the_path(tmp_path):
+    with pytest.raises(ConfigError, match="maniqa_checkpoint .*nope.pt' is not a file.*ckpt_koniq10k.pt"):
+        from_mapping(IQAConfig, {"metric": "maniqa", "maniqa_checkpoint": str(tmp_path / "nope.pt")}, "iqa_filter")
+    with pytest.raises(ConfigError, match="thresholds has no entry"):
+        from_mapping(IQAConfig, {"metric": "piqe", "thresholds": {"maniqa": 0.3}}, "iqa_filter")
+
+
+def test_piqe_direction_comes_from_pyiqa():
+    metric = QualityMetric(IQAConfig(), torch.device("cpu"))
+    assert metric.lower_better and metric.keeps(40.0, 50.0) and not metric.keeps(60.0, 50.0)
+    scores = metric(np.random.default_rng(0).integers(0, 255, (2, 96, 128, 3), dtype=np.uint8))
+    assert scores.shape == (2,) and np.all((scores >= 0) & (scores <= 100))
+
+
+@pytest.mark.slow
+def test_maniqa_loads_offline_from_one_checkpoint(tmp_path):
+    """A randomly initialised MANIQA written to disk, loaded back through the offline path."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    ref = maniqa_architecture(1).eval()
+    ckpt = tmp_path / "maniqa.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(ckpt))
+    pt = tmp_path / "maniqa.pt"
+    torch.save({"params": ref.state_dict()}, pt)
+    assert load_state_dict(pt).keys() == load_state_dict(ckpt).keys()
+
+    cfg = from_mapping(IQAConfig, {"metric": "maniqa", "maniqa_checkpoint": str(ckpt), "crops": 1}, "iqa_filter")
+    metric = QualityMetric(cfg, torch.device("cpu"))
+    assert metric.lower_better is False
+    frame = np.random.default_rng(1).integers(0, 255, (1, 96, 128, 3), dtype=np.uint8)
+    with torch.inference_mode():
+        x = torch.from_numpy(frame).permute(0, 3, 1, 2).float() / 255
+        torch.manual_seed(2)
+        expected = ref(x).reshape(-1).numpy()
+    torch.manual_seed(2)
+    got = metric(frame)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)  # the same weights: the same score
+    bad = tmp_path / "bad.safetensors"
+    save_file({"fc.weight": torch.zeros(2, 2)}, str(bad))
+    with pytest.raises(ValueError, match="does not fit MANIQA"):
+        build_maniqa(bad, 1)
+
+
+@pytest.fixture
+def demo_shots(demo_copy, tmp_path):
+    raw, _ = demo_copy
+    m = ingest(LocalSource(raw).list(), from_mapping(IngestConfig, {"source": str(raw)}, "ingest"),
+               IngestState(tmp_path / "is"), str(raw)).manifest
+    cfg = from_mapping(ShotsConfig, {"min_scene_len": 4, "min_shot_s": 0.5, "max_shot_s": 2.0, "clip_crf": 0,
+                                     "workers": 1}, "shots")
+    out = split_videos(m, raw, cfg, tmp_path / "ss", tmp_path / "clips", make_executor("local", 1))
+    return out.shots, tmp_path / "clips"
+
+
+def test_scores_every_shot_once_and_thresholds_recut_without_rescoring(demo_shots, tmp_path):
+    shots, clips = demo_shots
+    cfg = from_mapping(IQAConfig, {}, "iqa_filter")
+    metric = QualityMetric(cfg, torch.device("cpu"))
+    out = score_shots(shots, clips, cfg, metric, tmp_path / "state")
+    s = out.scores
+    assert len(s) == len(shots) and out.counts["scored"] == len(shots)  # every usable shot, exactly once
+    pd.testing.assert_frame_equal(s[shots.columns], shots)
+    assert (s["iqa_metric"] == "piqe").all() and s["motion_score"].gt(0).all()
+    assert (s["kept"] == (s["iqa_score"] <= 50.0)).all()
+    median = float(s["iqa_score"].median())
+    strict = from_mapping(IQAConfig, {"thresholds": {"piqe": median}, "min_motion": 0.0}, "iqa_filter")
+    again = score_shots(shots, clips, strict, metric, tmp_path / "state")
+    assert again.counts["scored"] == 0
+    assert (again.scores["kept"] == (again.scores["iqa_score"] <= median)).all()
+    assert again.scores.loc[~again.scores["kept"], "reject_reason"].str.startswith("quality: piqe").all()
+    moving = from_mapping(IQAConfig, {"thresholds": {"piqe": 100.0}, "min_motion": 1e6}, "iqa_filter")
+    static = score_shots(shots, clips, moving, metric, tmp_path / "state")
+    assert static.counts["scored"] == 0 and static.counts["rejected_static"] == len(shots)
+    more = from_mapping(IQAConfig, {"frames_per_shot": 2}, "iqa_filter")
+    assert score_shots(shots, clips, more, metric, tmp_path / "state").counts["scored"] == len(shots)
