@@ -116,3 +116,27 @@ def test_dvc_repro_iqa_filter_scores_every_usable_shot_once(repo_copy):
     run([sys.executable, "-m", "dvc", "repro", "iqa_filter"], repo)
     assert report(repo, "iqa_filter")["scored"] == 0
     assert pd.read_parquet(repo / "data/iqa/scores.parquet")["kept"].all()
+
+
+def test_dvc_repro_assemble_matches_captions_and_splits_by_video(repo_copy):
+    repo = repo_copy
+    run([sys.executable, "-m", "dvc", "repro", "assemble"], repo)
+    truth = json.loads((repo / "data/demo/truth.json").read_text())
+    samples = pd.read_parquet(repo / "data/samples/samples.parquet")
+    scores = pd.read_parquet(repo / "data/iqa/scores.parquet").set_index(["video_id", "shot_index"])
+    assert len(samples) > 0 and set(samples["split"]) == {"train", "val"}
+    assert not set(samples.loc[samples["split"] == "train", "video_id"]) & set(
+        samples.loc[samples["split"] == "val", "video_id"])
+    by_path = {v["path"]: v for v in truth["videos"]}
+    for s in samples.itertuples(index=False):
+        assert s.duration_s >= 1.5 and len(s.shot_indices) <= 4 and s.bucket
+        video = by_path[s.path]
+        for idx, caption in zip(s.shot_indices, s.captions):
+            shot = scores.loc[(s.video_id, idx)]
+            assert shot["kept"]
+            if video["caption_form"] == "shots":  # the true shot that holds this piece gives the caption
+                mid = (shot["start_frame"] + shot["end_frame"]) / 2
+                (true,) = [t for t in video["shots"] if t["start_frame"] <= mid < t["end_frame"]]
+                assert caption == true["caption"]
+            elif video["caption_form"] == "none":
+                assert caption == ""
