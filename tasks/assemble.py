@@ -1,5 +1,6 @@
 """DVC stage `assemble`: consecutive kept shots -> multi-shot samples with per-shot captions,
-duration buckets and a train/val split by video. Outputs data/samples/samples.parquet."""
+duration buckets and a train/val split by video. Outputs data/samples/samples.parquet and the
+curation report in reports/curation/ (also logged to MLflow)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,15 +9,20 @@ import pandas as pd
 
 from longlive_core.config import stage_config
 from longlive_core.data.assemble import AssembleConfig, assemble_samples
+from longlive_core.data.curation_report import ReportInputs, write_curation_report
 from longlive_core.data.ingest import IngestConfig
 from longlive_core.data.sources import local_root
 from longlive_core.io.atomic import write_parquet
+from longlive_core.iqa.metrics import IQAConfig, lower_is_better
+from longlive_core.shots.detect import ShotsConfig
 from longlive_core.tracking.lineage import digest_file
 from tasks.ingest import MANIFEST
 from tasks.iqa_filter import SCORES
+from tasks.shots import CLIPS, REJECTED
 from tasks.stage import main_for
 
 SAMPLES = Path("data/samples/samples.parquet")
+REPORT = Path("reports/curation")
 
 
 def body(params, run):
@@ -28,6 +34,16 @@ def body(params, run):
     write_parquet(out.samples, SAMPLES)
     run.log_metrics(out.counts)
     run.log_artifact(SAMPLES)
+
+    shots_cfg = stage_config(ShotsConfig, "shots", params)
+    iqa_cfg = stage_config(IQAConfig, "iqa_filter", params)
+    scores = pd.read_parquet(SCORES)
+    report = ReportInputs(scores=scores, rejected_shots=pd.read_parquet(REJECTED), samples=out.samples,
+                          clips_dir=CLIPS, min_shot_s=shots_cfg.min_shot_s, max_shot_s=shots_cfg.max_shot_s,
+                          metric=iqa_cfg.metric, threshold=iqa_cfg.thresholds[iqa_cfg.metric],
+                          lower_better=lower_is_better(iqa_cfg.metric), min_motion=iqa_cfg.min_motion)
+    write_curation_report(report, REPORT)
+    run.log_artifact(REPORT, "curation")
     return dict(out.counts)
 
 

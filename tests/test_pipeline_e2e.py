@@ -140,3 +140,13 @@ def test_dvc_repro_assemble_matches_captions_and_splits_by_video(repo_copy):
                 assert caption == true["caption"]
             elif video["caption_form"] == "none":
                 assert caption == ""
+    report_dir = repo / "reports/curation"
+    counts = json.loads((report_dir / "counts.json").read_text())
+    assert counts["kept_shots"] == int(scores["kept"].sum()) and counts["samples"] == len(samples)
+    assert counts["reject_reasons"]["too short"] == 1
+    assert counts["reject_reasons"].get("quality", 0) == int((~scores["kept"]).sum())
+    for name in ("shot_length", "iqa_score", "motion_score", "contact_best", "contact_borderline", "contact_rejected"):
+        assert (report_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    run_id = report(repo, "assemble")["mlflow_run_id"]
+    assert "curation/index.md" in {a.path for a in client.list_artifacts(run_id, "curation")}

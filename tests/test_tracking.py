@@ -29,7 +29,7 @@ def test_stage_run_records_params_metrics_lineage_and_artifacts(git_repo):
     (root / "manifest.parquet").write_bytes(b"PAR1")
     with StageRun(TrackingConfig(), "ingest", repo_root=root) as run:
         run.log_params({"ingest": {"source": "data/raw", "s3": {"endpoint_url": None}}})
-        run.log_metrics({"videos": 3, "elapsed_s": 0.5, "flag": True})
+        run.log_metrics({"videos": 3, "elapsed_s": 0.5, "flag": True, "bucket_>64s": 2})
         run.set_tags({"input.source.sha256": "ab" * 32})
         run.log_artifact(root / "manifest.parquet")
     client = MlflowClient(store(root))
@@ -39,7 +39,7 @@ def test_stage_run_records_params_metrics_lineage_and_artifacts(git_repo):
     assert r.data.tags["git.commit"] == head and r.data.tags["git.dirty"] == "false"
     assert r.data.tags["input.source.sha256"] == "ab" * 32
     assert r.data.params == {"ingest.source": "data/raw", "ingest.s3.endpoint_url": ""}
-    assert r.data.metrics == {"videos": 3.0, "elapsed_s": 0.5}  # booleans are not metrics
+    assert r.data.metrics == {"videos": 3.0, "elapsed_s": 0.5, "bucket__64s": 2.0}  # booleans are not metrics
     assert [a.path for a in client.list_artifacts(run.run_id)] == ["manifest.parquet"]
     exp = client.get_experiment(r.info.experiment_id)
     assert exp.name == "longlive-pipeline" and exp.artifact_location == (root / "mlartifacts").as_uri()

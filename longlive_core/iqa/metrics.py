@@ -108,6 +108,13 @@ def build_maniqa(checkpoint: str | Path, crops: int) -> torch.nn.Module:
     return net.eval()
 
 
+def lower_is_better(metric: str) -> bool:
+    """The metric's direction, as pyiqa records it (PIQE: lower is better; MANIQA: higher)."""
+    import pyiqa
+
+    return bool(pyiqa.default_model_configs.DEFAULT_CONFIGS[metric].get("lower_better", False))
+
+
 class QualityMetric:
     """Scores RGB uint8 frames (N, H, W, 3); ``lower_better`` says the metric's direction."""
 
@@ -115,7 +122,7 @@ class QualityMetric:
         import pyiqa
 
         self.name, self.device, self.batch_size = cfg.metric, device, cfg.batch_size
-        self.lower_better = bool(pyiqa.default_model_configs.DEFAULT_CONFIGS[cfg.metric].get("lower_better", False))
+        self.lower_better = lower_is_better(cfg.metric)
         if cfg.metric == "maniqa":
             self.net = build_maniqa(cfg.maniqa_checkpoint, cfg.crops).to(device)  # type: ignore[arg-type]
         else:

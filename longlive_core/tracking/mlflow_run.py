@@ -136,7 +136,9 @@ class StageRun:
             self._safe("logging params", lambda p=params_: self._client.log_batch(self.run_id, params=p))
 
     def log_metrics(self, metrics: Mapping[str, float | int], step: int | None = None) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        # MLflow allows few characters in names ("bucket_>64s" is refused): replace the others
+        clean = {re.sub(r"[^\w\-. :/]", "_", k): float(v) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)}
         now = int(time.time() * 1000)
         metrics_ = [Metric(k, v, now, step or 0) for k, v in clean.items()]
         self._safe("logging metrics", lambda: self._client.log_batch(self.run_id, metrics=metrics_))
@@ -149,5 +151,7 @@ class StageRun:
         if not Path(path).exists():
             log.warning("not logging artifact %s: it does not exist", path)
             return
-        self._safe(f"logging artifact {path}",
-                   lambda: self._client.log_artifact(self.run_id, str(path), artifact_path))
+        many = Path(path).is_dir()
+        self._safe(f"logging artifact {path}", lambda: (self._client.log_artifacts if many else
+                                                        self._client.log_artifact)(self.run_id, str(path),
+                                                                                   artifact_path))

@@ -1,0 +1,125 @@
+"""The curation report: what curators look at to tune the thresholds.
+
+Writes, into one directory: histograms of shot length, quality score and motion score with the
+thresholds drawn in; counts per reject reason and per bucket (counts.json); contact sheets (a few
+frames of each shot) of the best, the borderline and the rejected shots; and index.md tying them
+together.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pandas as pd
+
+from longlive_core.io.atomic import atomic_path, write_bytes, write_json
+from longlive_core.shots.clips import iter_clip_frames, read_clip
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportInputs:
+    scores: pd.DataFrame  # iqa_filter output: usable shots with scores and kept
+    rejected_shots: pd.DataFrame  # shots stage: too short and failed videos
+    samples: pd.DataFrame
+    clips_dir: Path
+    min_shot_s: float
+    max_shot_s: float
+    metric: str
+    threshold: float
+    lower_better: bool
+    min_motion: float
+
+
+def _histogram(path: Path, values, title: str, xlabel: str, lines: dict[str, float]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    ax.hist(np.asarray(values, dtype=float), bins=30, color="#4c72b0")
+    for label, x in lines.items():
+        ax.axvline(x, color="#c44e52", linestyle="--")
+        ax.text(x, ax.get_ylim()[1] * 0.95, f" {label}", color="#c44e52", va="top", fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("shots")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def contact_sheet(rows: pd.DataFrame, clips_dir: Path, frames_per_shot: int = 4, thumb_w: int = 160) -> np.ndarray:
+    """One row of thumbnails per shot, labelled with its path, index and scores (RGB uint8)."""
+    lines = []
+    for r in rows.itertuples(index=False):
+        frames = list(iter_clip_frames(read_clip(clips_dir, r.clip_shard, r.clip_member)))
+        picks = [frames[int(i)] for i in np.linspace(0, len(frames) - 1, frames_per_shot)]
+        h = round(picks[0].shape[0] * thumb_w / picks[0].shape[1])
+        thumbs = [cv2.resize(f, (thumb_w, h), interpolation=cv2.INTER_AREA) for f in picks]
+        strip = np.concatenate(thumbs, axis=1)
+        label = np.full((18, strip.shape[1], 3), 255, np.uint8)
+        verdict = "kept" if r.kept else "rejected"
+        text = f"{r.path} #{r.shot_index}  {r.iqa_metric}={r.iqa_score:.3f}  motion={r.motion_score:.2f}  {verdict}"
+        cv2.putText(label, text.encode("ascii", "replace").decode(), (4, 13), cv2.FONT_HERSHEY_SIMPLEX, 0.4,
+                    (0, 0, 0), 1, cv2.LINE_AA)
+        lines.append(np.concatenate([label, strip], axis=0))
+    if not lines:
+        return np.full((24, thumb_w * frames_per_shot, 3), 255, np.uint8)
+    width = max(x.shape[1] for x in lines)
+    return np.concatenate([np.pad(x, ((0, 2), (0, width - x.shape[1]), (0, 0)), constant_values=255)
+                           for x in lines], axis=0)
+
+
+def _png(path: Path, rgb: np.ndarray) -> None:
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    if not ok:
+        raise RuntimeError(f"could not encode {path.name}")
+    write_bytes(buf.tobytes(), path)
+
+
+def write_curation_report(inp: ReportInputs, out_dir: Path, per_sheet: int = 6) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    s = inp.scores
+    lengths = pd.concat([s["duration_s"], inp.rejected_shots["duration_s"].dropna()])
+    _histogram(out_dir / "shot_length.png", lengths, "Shot length (usable and too short)", "seconds",
+               {"min": inp.min_shot_s, "max": inp.max_shot_s})
+    direction = "lower is better" if inp.lower_better else "higher is better"
+    _histogram(out_dir / "iqa_score.png", s["iqa_score"], f"{inp.metric} ({direction})", inp.metric,
+               {"threshold": inp.threshold})
+    _histogram(out_dir / "motion_score.png", s["motion_score"], "Motion (mean optical flow)", "pixels per frame",
+               {"min": inp.min_motion} if inp.min_motion > 0 else {})
+
+    reasons: dict[str, int] = {}
+    for reason in inp.rejected_shots["reason"]:
+        key = "failed video" if reason.startswith("failed:") else reason.split(":")[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    for reason in s.loc[~s["kept"], "reject_reason"]:
+        key = reason.split(":")[0]
+        reasons[key] = reasons.get(key, 0) + 1
+    counts = {"usable_shots": len(s), "kept_shots": int(s["kept"].sum()), "reject_reasons": reasons,
+              "buckets": {str(k): int(v) for k, v in inp.samples["bucket"].value_counts().sort_index().items()},
+              "samples": len(inp.samples)}
+    write_json(counts, out_dir / "counts.json")
+
+    better_first = s.sort_values("iqa_score", ascending=inp.lower_better)
+    best = better_first[better_first["kept"]].head(per_sheet)
+    border = s.assign(gap=(s["iqa_score"] - inp.threshold).abs()).sort_values("gap").head(per_sheet)
+    rejected = better_first[~better_first["kept"]].tail(per_sheet)
+    sheets = {"contact_best.png": best, "contact_borderline.png": border, "contact_rejected.png": rejected}
+    for name, rows in sheets.items():
+        _png(out_dir / name, contact_sheet(rows, inp.clips_dir))
+
+    lines = ["# Curation report", "",
+             f"{counts['kept_shots']} of {counts['usable_shots']} usable shots kept; {counts['samples']} samples.", "",
+             "| reject reason | shots |", "|---|---|", *[f"| {k} | {v} |" for k, v in sorted(reasons.items())], "",
+             "| bucket | samples |", "|---|---|", *[f"| {k} | {v} |" for k, v in counts["buckets"].items()], "",
+             "![shot length](shot_length.png) ![quality](iqa_score.png) ![motion](motion_score.png)", "",
+             "Best kept shots:", "", "![best](contact_best.png)", "",
+             f"Borderline (nearest the {inp.metric} threshold {inp.threshold}):", "",
+             "![borderline](contact_borderline.png)", "", "Rejected:", "", "![rejected](contact_rejected.png)", ""]
+    write_bytes("\n".join(lines).encode("utf-8"), out_dir / "index.md")
+    return counts
