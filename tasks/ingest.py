@@ -48,8 +48,11 @@ def body(params, run):
                   "output.manifest.rows": len(m)})
     run.log_metrics(counts)
     run.log_artifact(MANIFEST)
-    for row in m[m["status"] == "quarantined"].itertuples(index=False):
+    quarantined = m[m["status"] == "quarantined"]
+    for row in quarantined.head(20).itertuples(index=False):
         log.warning("quarantined %s: %s", row.path, row.reason)
+    if len(quarantined) > 20:
+        log.warning("... and %d more quarantined files: see %s", len(quarantined) - 20, MANIFEST)
     return counts
 
 
