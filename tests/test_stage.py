@@ -88,3 +88,44 @@ def test_a_killed_run_keeps_finished_work_and_the_rerun_does_the_rest(tmp_path):
     m = pd.read_parquet(work / "data/ingest/manifest.parquet")
     assert len(m) == n and (m["status"] == "ok").all()
     assert not list((work / "data/ingest").rglob(".tmp-*"))
+
+
+@pytest.mark.slow
+def test_a_killed_shots_run_keeps_closed_shards_and_the_rerun_does_the_rest(tmp_path):
+    src = tmp_path / "src"
+    n = 12
+    for i in range(n):
+        spec = VideoSpec(f"v{i:02d}.mp4", (ShotSpec(30, (i * 0.37) % 1.0, "circle", i),
+                                           ShotSpec(30, (i * 0.37 + 0.5) % 1.0, "square", i + 100)))
+        write_video(src / spec.relpath, spec, 24, 160, 96)
+    work = workdir(tmp_path, src)
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["shots"].update(workers=1, shard_max_mb=0.001)  # a shard per video: committed one by one
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    run([sys.executable, "-m", "tasks.ingest"], work)
+    pieces = work / "data/shots/state/pieces.parquet"
+    proc = subprocess.Popen([sys.executable, "-m", "tasks.shots"], cwd=work, env=cli_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, done_before = time.monotonic() + 120, 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            done_before = pd.read_parquet(pieces)["video_id"].nunique() if pieces.exists() else 0
+        except Exception:  # noqa: BLE001
+            done_before = 0
+        if done_before >= 2:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the stage finished before it could be killed"
+    assert not (work / "data/shots/shots.parquet").exists()
+    run([sys.executable, "-m", "tasks.shots"], work)
+    s = json.loads((work / "reports/shots/run.json").read_text())
+    assert s["videos_reused"] >= done_before and s["videos_split"] == n - s["videos_reused"] < n
+    shots = pd.read_parquet(work / "data/shots/shots.parquet")
+    assert shots["video_id"].nunique() == n and len(shots) == 2 * n
+    assert not list((work / "data/shots/clips").glob(".tmp-*"))  # the open shard was cleaned up
+    from longlive_core.shots.clips import iter_clip_frames, read_clip
+
+    for r in shots.itertuples(index=False):  # every referenced clip is in a complete shard
+        assert len(list(iter_clip_frames(read_clip(work / "data/shots/clips", r.clip_shard, r.clip_member)))) == 30

@@ -20,7 +20,7 @@ class ShotsConfig:
     max_shot_s: float = 10.0  # longer shots are split into equal pieces
     clip_crf: int = 17  # x264 quality of stored clips; 0 is lossless
     clip_preset: str = "veryfast"
-    shard_max_mb: int = 1024
+    shard_max_mb: float = 1024.0  # a shard is closed (and its videos committed) past this size
     workers: int = 2
     executor: str = "local"
 
@@ -32,8 +32,8 @@ class ShotsConfig:
                               f"got {self.min_shot_s} and {self.max_shot_s}")
         if not 0 <= self.clip_crf <= 51:
             raise ConfigError(f"{where}.clip_crf must be in 0..51")
-        if self.workers < 1 or self.shard_max_mb < 1 or self.min_scene_len < 1 or self.downscale < 0:
-            raise ConfigError(f"{where}: workers, shard_max_mb and min_scene_len must be >= 1, downscale >= 0")
+        if self.workers < 1 or self.shard_max_mb <= 0 or self.min_scene_len < 1 or self.downscale < 0:
+            raise ConfigError(f"{where}: workers and min_scene_len must be >= 1, shard_max_mb > 0, downscale >= 0")
 
     def detection_key(self) -> dict:
         """The params whose change invalidates earlier detections and clips."""

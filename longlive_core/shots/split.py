@@ -109,7 +109,7 @@ def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir
     state = ShotsState(state_dir, cfg.detection_key())
     todo = [VideoJob(r.video_id, str(resolve_inside(root, r.path)), r.path, float(r.fps), int(r.num_frames), cfg)
             for r in ok.itertuples(index=False) if r.video_id not in state.done]
-    writer = ShardWriter(clips_dir, cfg.shard_max_mb * 1024 * 1024)
+    writer = ShardWriter(clips_dir, int(cfg.shard_max_mb * 1024 * 1024))
     pending: list[dict] = []  # rows whose clips sit in the open shard
     failed: dict[str, str] = {}
     progress = Progress(log, "shots", len(todo), "videos")
