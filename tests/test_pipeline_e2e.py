@@ -108,14 +108,17 @@ def test_dvc_repro_iqa_filter_scores_every_usable_shot_once(repo_copy):
     assert len(scores) == len(shots)
     assert not scores.duplicated(["video_id", "shot_index"]).any()  # counts conserved
     assert (scores["iqa_metric"] == "piqe").all()
-    assert (scores["kept"] == (scores["iqa_score"] <= 68.0)).all() and 0 < scores["kept"].sum() < len(scores)
+    good = (scores["iqa_score"] <= 68.0) & (scores["motion_score"] >= 0.01)
+    assert (scores["kept"] == good).all() and 0 < scores["kept"].sum() < len(scores)
+    static = scores[scores["reject_reason"].str.startswith("static")]
+    assert list(static["path"]) == ["nature/forest_walk.mp4"]  # the demo's one static shot
     assert report(repo, "iqa_filter")["scored"] == len(shots)
     # a threshold change re-decides from the cache, without scoring again
     text = (repo / "params.yaml").read_text().replace("piqe: 68.0", "piqe: 100.0")
     (repo / "params.yaml").write_text(text)
     run([sys.executable, "-m", "dvc", "repro", "iqa_filter"], repo)
     assert report(repo, "iqa_filter")["scored"] == 0
-    assert pd.read_parquet(repo / "data/iqa/scores.parquet")["kept"].all()
+    assert pd.read_parquet(repo / "data/iqa/scores.parquet")["kept"].sum() == len(shots) - 1  # all but the static
 
 
 def test_dvc_repro_assemble_matches_captions_and_splits_by_video(repo_copy):
@@ -144,7 +147,9 @@ def test_dvc_repro_assemble_matches_captions_and_splits_by_video(repo_copy):
     counts = json.loads((report_dir / "counts.json").read_text())
     assert counts["kept_shots"] == int(scores["kept"].sum()) and counts["samples"] == len(samples)
     assert counts["reject_reasons"]["too short"] == 1
-    assert counts["reject_reasons"].get("quality", 0) == int((~scores["kept"]).sum())
+    reasons = counts["reject_reasons"]
+    assert reasons.get("quality", 0) + reasons.get("static", 0) == int((~scores["kept"]).sum())
+    assert reasons["static"] == 1
     for name in ("shot_length", "iqa_score", "motion_score", "contact_best", "contact_borderline", "contact_rejected"):
         assert (report_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")

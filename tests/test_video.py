@@ -91,6 +91,7 @@ def test_demo_data_is_deterministic_and_complete(tmp_path):
     assert sorted(t1["expected_status"].values()).count("quarantined") == 4
     assert any(v["cut_frames"] == [] for v in t1["videos"])  # the single-shot video
     assert any(" " in v["path"] and not v["path"].isascii() for v in t1["videos"])
+    assert sum(len(v["static_shots"]) for v in t1["videos"]) == 1
     shortest = min(s["end_frame"] - s["start_frame"] for v in t1["videos"] for s in v["shots"])
     assert shortest == cfg.short_shot_frames
     for v in t1["videos"]:

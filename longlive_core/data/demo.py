@@ -46,7 +46,7 @@ _CASES = [
     ("street/market_day.mp4", None, "shots"),
     ("city night/café scène.mp4", 2, "whole"),  # a space and non-ASCII characters in the path
     ("nature/single_take.mp4", 1, "whole"),  # no cut at all
-    ("nature/forest_walk.mp4", 4, "shots"),  # holds the too-short shot
+    ("nature/forest_walk.mp4", 4, "shots"),  # holds the too-short shot, and ends on a static one
     ("sports/match.mp4", None, "none"),  # no sidecar
 ]
 _HUE_NAMES = ["red", "orange", "yellow", "green", "teal", "blue", "purple", "pink"]
@@ -70,12 +70,15 @@ def plan_demo(cfg: DemoDataConfig) -> list[tuple[VideoSpec, str]]:
             if vi == 3 and si == 2:
                 frames = cfg.short_shot_frames
             shape = "circle" if rng.uniform() < 0.5 else "square"
-            shots.append(ShotSpec(frames, float(hue), shape, int(rng.integers(2**31))))
+            moving = not (vi == 3 and si == 3)
+            shots.append(ShotSpec(frames, float(hue), shape, int(rng.integers(2**31)), moving))
         plans.append((VideoSpec(name, tuple(shots)), form))
     return plans
 
 
 def _caption(shot: ShotSpec) -> str:
+    if not shot.moving:
+        return f"A {_hue_name(shot.hue + 0.5)} {shot.shape} rests on a {_hue_name(shot.hue)} gradient; nothing moves."
     return (f"A {_hue_name(shot.hue + 0.5)} {shot.shape} glides over a {_hue_name(shot.hue)} gradient "
             "while a dark bar drifts the other way.")
 
@@ -117,7 +120,8 @@ def make_demo_data(cfg: DemoDataConfig, out_dir: str | Path, truth_path: str | P
             shots.append({"start_frame": start, "end_frame": start + shot.num_frames, "caption": _caption(shot)})
             start += shot.num_frames
         videos.append({"path": spec.relpath, "num_frames": n, "fps": cfg.fps, "cut_frames": spec.cut_frames,
-                       "shots": shots, "caption_form": form})
+                       "shots": shots, "caption_form": form,
+                       "static_shots": [i for i, s in enumerate(spec.shots) if not s.moving]})
         expected[spec.relpath] = "ok"
 
     first = out_dir / plans[0][0].relpath

@@ -22,6 +22,7 @@ class ShotSpec:
     hue: float  # 0..1, background hue
     shape: str  # "circle" or "square"
     seed: int
+    moving: bool = True  # False: nothing moves (a static shot, for the motion filter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +59,7 @@ def render_shot(shot: ShotSpec, width: int, height: int) -> Iterator[np.ndarray]
     size = 0.12 * min(width, height) + rng.uniform(0, 0.06) * min(width, height)
     color = _rgb(shot.hue + 0.5, 0.9, 1.0)
     x0, y0 = rng.uniform(0.2, 0.8) * width, rng.uniform(0.2, 0.8) * height
-    vx, vy = rng.uniform(-1, 1, size=2) * 0.012 * np.array([width, height])
+    vx, vy = rng.uniform(-1, 1, size=2) * 0.012 * np.array([width, height]) * float(shot.moving)
     x2, y2 = rng.uniform(0.1, 0.9) * width, rng.uniform(0.1, 0.9) * height
     color2 = _rgb(shot.hue + 0.3, 0.6, 0.3)
     for i in range(shot.num_frames):
