@@ -26,6 +26,26 @@ def workdir(tmp_path, source, **ingest):
     return work
 
 
+def kill_stage_when(work, stage, state_file, count, at_least) -> int:
+    """Runs `python -m tasks.<stage>` and SIGKILLs it once count(state table) >= at_least;
+    returns the count it saw. Fails if the stage finished first."""
+    proc = subprocess.Popen([sys.executable, "-m", f"tasks.{stage}"], cwd=work, env=cli_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, seen = time.monotonic() + 120, 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            seen = count(pd.read_parquet(state_file)) if state_file.exists() else 0
+        except Exception:  # noqa: BLE001 - only ever the old or the new file, but be patient
+            seen = 0
+        if seen >= at_least:
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"{stage} finished before it could be killed"
+    return seen
+
+
 def summary(work):
     return json.loads((work / "reports/ingest/run.json").read_text())
 
@@ -64,22 +84,7 @@ def test_a_killed_run_keeps_finished_work_and_the_rerun_does_the_rest(tmp_path):
         spec = VideoSpec(f"v{i:03d}.mp4", (ShotSpec(30, (i * 0.37) % 1.0, "circle", i),))
         write_video(src / spec.relpath, spec, 24, 64, 48)
     work = workdir(tmp_path, src, workers=1, checkpoint_every=1, min_duration_s=0.0, decode_check_frames=30)
-    probes = work / "data/ingest/state/probes.parquet"
-    proc = subprocess.Popen([sys.executable, "-m", "tasks.ingest"], cwd=work, env=cli_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    killed_at = 0
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            killed_at = len(pd.read_parquet(probes)) if probes.exists() else 0
-        except Exception:  # noqa: BLE001 - only ever the old or the new file, but be patient
-            killed_at = 0
-        if killed_at >= 5:
-            os.kill(proc.pid, signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the stage finished before it could be killed"
+    killed_at = kill_stage_when(work, "ingest", work / "data/ingest/state/probes.parquet", len, 5)
     assert not (work / "data/ingest/manifest.parquet").exists()  # no half-written output
     run([sys.executable, "-m", "tasks.ingest"], work)
     s = summary(work)
@@ -103,21 +108,8 @@ def test_a_killed_shots_run_keeps_closed_shards_and_the_rerun_does_the_rest(tmp_
     params["shots"].update(workers=1, shard_max_mb=0.001)  # a shard per video: committed one by one
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     run([sys.executable, "-m", "tasks.ingest"], work)
-    pieces = work / "data/shots/state/pieces.parquet"
-    proc = subprocess.Popen([sys.executable, "-m", "tasks.shots"], cwd=work, env=cli_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline, done_before = time.monotonic() + 120, 0
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            done_before = pd.read_parquet(pieces)["video_id"].nunique() if pieces.exists() else 0
-        except Exception:  # noqa: BLE001
-            done_before = 0
-        if done_before >= 2:
-            os.kill(proc.pid, signal.SIGKILL)
-            break
-        time.sleep(0.01)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the stage finished before it could be killed"
+    done_before = kill_stage_when(work, "shots", work / "data/shots/state/pieces.parquet",
+                                  lambda df: df["video_id"].nunique(), 2)
     assert not (work / "data/shots/shots.parquet").exists()
     run([sys.executable, "-m", "tasks.shots"], work)
     s = json.loads((work / "reports/shots/run.json").read_text())
