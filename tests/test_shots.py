@@ -156,3 +156,19 @@ def test_split_is_incremental(demo_manifest, tmp_path):
     changed = split(raw, m, tmp_path, max_shot_s=3.0)  # a detection param changed: all redone
     assert changed.counts["videos_split"] == 5
     assert len(changed.shots) < len(first.shots)
+
+
+def test_fast_detection_matches_plain_scenedetect_on_wider_video(tmp_path):
+    """Frames 640 px wide take the subsampled-planes path (step 2); cuts equal the plain call's."""
+    from scenedetect import AdaptiveDetector, detect
+
+    from longlive_core.shots.detect import detect_cuts
+    from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
+
+    spec = VideoSpec("w.mp4", (ShotSpec(40, 0.1, "circle", 1), ShotSpec(35, 0.6, "square", 2),
+                               ShotSpec(30, 0.35, "circle", 3)))
+    write_video(tmp_path / "w.mp4", spec, 24, 640, 384)
+    plain = [a.frame_num for a, _ in detect(str(tmp_path / "w.mp4"), AdaptiveDetector(), backend="pyav")[1:]]
+    ours = detect_cuts(tmp_path / "w.mp4", ShotsConfig())
+    assert ours == plain == spec.cut_frames == [40, 75]
+    assert detect_cuts(tmp_path / "w.mp4", ShotsConfig(downscale=4)) == [40, 75]
