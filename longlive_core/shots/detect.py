@@ -1,4 +1,4 @@
-"""Shot boundaries with PySceneDetect (PyAV backend), as decoded-frame indices."""
+"""Shot boundaries as decoded-frame indices: PySceneDetect's detectors fed by a PyAV decode loop."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +9,9 @@ import cv2
 import numpy as np
 
 from longlive_core.config import ConfigError
+
+# Bump when detect_cuts or the clip encoding changes what they produce: earlier results are redone.
+DETECT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +43,10 @@ class ShotsConfig:
             raise ConfigError(f"{where}: workers and min_scene_len must be >= 1, shard_max_mb > 0, downscale >= 0")
 
     def detection_key(self) -> dict:
-        """The params whose change invalidates earlier detections and clips."""
+        """What earlier detections and clips depend on: these params and the detection code's version."""
         keep = ("detector", "adaptive_threshold", "window_width", "min_content_val", "content_threshold",
                 "min_scene_len", "downscale", "min_shot_s", "max_shot_s", "clip_crf", "clip_preset")
-        return {k: getattr(self, k) for k in keep}
+        return {"detect_version": DETECT_VERSION, **{k: getattr(self, k) for k in keep}}
 
 
 def make_detector(cfg: ShotsConfig):
