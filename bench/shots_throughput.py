@@ -63,7 +63,7 @@ def main() -> None:
     plain, pw, pc = measure(lambda p: [a.frame_num for a, _ in detect(p, AdaptiveDetector(), backend="pyav")[1:]],
                             paths)
     cfg = ShotsConfig(min_shot_s=1.0, max_shot_s=1000.0, clip_crf=17)
-    ours, dw, dc = measure(lambda p: detect_cuts(p, cfg), paths)
+    ours, dw, dc = measure(lambda p: detect_cuts(p, cfg, 24.0), paths)
     jobs = [VideoJob(f"{i:064x}", p, Path(p).name, 24.0, s.num_frames, cfg)
             for i, (p, s) in enumerate(zip(paths, specs))]
     split, sw, sc = measure(split_video, jobs)

@@ -29,7 +29,8 @@ def body(params, run):
     cfg = stage_config(AssembleConfig, "assemble", params)
     ingest_cfg = stage_config(IngestConfig, "ingest", params)
     run.set_tags({"input.scores.sha256": digest_file(SCORES), "input.manifest.sha256": digest_file(MANIFEST)})
-    out = assemble_samples(pd.read_parquet(SCORES), pd.read_parquet(MANIFEST),
+    scores = pd.read_parquet(SCORES)
+    out = assemble_samples(scores, pd.read_parquet(MANIFEST),
                            local_root(ingest_cfg.source, ingest_cfg.cache_dir), cfg)
     write_parquet(out.samples, SAMPLES)
     run.log_metrics(out.counts)
@@ -37,7 +38,6 @@ def body(params, run):
 
     shots_cfg = stage_config(ShotsConfig, "shots", params)
     iqa_cfg = stage_config(IQAConfig, "iqa_filter", params)
-    scores = pd.read_parquet(SCORES)
     report = ReportInputs(scores=scores, rejected_shots=pd.read_parquet(REJECTED), samples=out.samples,
                           clips_dir=CLIPS, min_shot_s=shots_cfg.min_shot_s, max_shot_s=shots_cfg.max_shot_s,
                           metric=iqa_cfg.metric, threshold=iqa_cfg.thresholds[iqa_cfg.metric],

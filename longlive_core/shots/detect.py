@@ -77,13 +77,14 @@ def _small_bgr(frame, step: int) -> np.ndarray:
     return cv2.cvtColor(cv2.merge([ys, vs, us]), cv2.COLOR_YCrCb2BGR)
 
 
-def detect_cuts(path: str | Path, cfg: ShotsConfig) -> list[int]:
+def detect_cuts(path: str | Path, cfg: ShotsConfig, fps: float) -> list[int]:
     """Decoded-frame index of the first frame of every shot but the first; [] for one shot.
 
     Runs PySceneDetect's detector on every decoded frame, shrunk to about 256 px wide (or by
     ``cfg.downscale``) straight from the decoder's planes, with H.264's deblocking filter skipped:
     neither changes what a 256-px colour-difference detector sees, and together they make
     detection about 1.7x cheaper than ``scenedetect.detect`` (bench/shots_throughput.py).
+    ``fps`` is the rate ingest measured, so time-based detector settings mean the same everywhere.
     """
     from scenedetect import FrameTimecode
 
@@ -93,7 +94,6 @@ def detect_cuts(path: str | Path, cfg: ShotsConfig) -> list[int]:
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         stream.codec_context.options = {"skip_loop_filter": "all"}
-        fps = float(stream.average_rate or stream.guessed_rate or 24)
         width = stream.codec_context.width
         step = cfg.downscale or max(1, width // 256)
         for frame in container.decode(stream):

@@ -58,7 +58,7 @@ def frame_limits(cfg: ShotsConfig, fps: float) -> tuple[int, int]:
 
 
 def split_video(job: VideoJob) -> VideoShots:
-    cuts = detect_cuts(job.path, job.cfg)
+    cuts = detect_cuts(job.path, job.cfg, job.fps)
     min_f, max_f = frame_limits(job.cfg, job.fps)
     pieces = apply_length_rules(shots_from_cuts(job.num_frames, cuts), min_f, max_f)
     usable = {i: (p.start_frame, p.end_frame) for i, p in enumerate(pieces) if p.reason is None}
