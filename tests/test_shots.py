@@ -153,6 +153,8 @@ def test_split_is_incremental(demo_manifest, tmp_path):
     pd.testing.assert_frame_equal(first.shots, again.shots)
     fewer = split(raw, m[m["path"] != "sports/match.mp4"], tmp_path)
     assert "sports/match.mp4" not in set(fewer.shots["path"]) and fewer.counts["videos_split"] == 0
+    gone = first.shots[first.shots["path"] == "sports/match.mp4"]
+    assert first.counts["clips_orphaned"] == 0 and fewer.counts["clips_orphaned"] == len(gone) > 0
     changed = split(raw, m, tmp_path, max_shot_s=3.0)  # a detection param changed: all redone
     assert changed.counts["videos_split"] == 5
     assert len(changed.shots) < len(first.shots)

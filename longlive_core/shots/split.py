@@ -168,5 +168,7 @@ def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir
         "single_shot_videos": int((usable.groupby("video_id").size() == 1).sum()) if len(usable) else 0,
         "usable_s": float(shots["duration_s"].sum()), "video_s_split": round(seconds, 3),
         "video_s_per_s": round(seconds / max(progress.elapsed_s, 1e-9), 3),
+        # clips of videos no longer in the manifest stay in their shards (no compaction yet)
+        "clips_orphaned": int((~state.rows["video_id"].isin(meta.index) & state.rows["clip_member"].notna()).sum()),
     }
     return ShotsOutcome(shots, rejected, counts)
