@@ -1,0 +1,74 @@
+"""NVFP4 quantize kernel bandwidth on a CUDA GPU (figures go into bench/RESULTS.md).
+
+    python bench/nvfp4_quant.py [--size 8192]
+
+Times the Triton kernel on a size x size bfloat16 tensor, with and without the RHT, with the amax
+computed by the kernel's own pass (x read twice) and passed in (x read once), and the partial
+(q * S_dec, bfloat16) output the emulated GEMM uses. Effective bandwidth counts the bytes the
+kernel must move (x reads, codes + scales or the partial written) and is set against a
+device-to-device copy measured in the same run (bytes read + written). Checks the bits against
+the torch reference first.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton.testing
+
+from longlive_core.quant import triton_kernels
+from longlive_core.quant.gemm import quantize_partial
+from longlive_core.quant.nvfp4 import quantize_torch
+
+
+def ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", type=int, default=8192)
+    n = ap.parse_args().size
+    torch.manual_seed(0)
+    xs = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(3)]  # rotate: no cache reuse
+    x = xs[0]
+    for rht in (False, True):
+        for tile in ((1, 16), (16, 16)):
+            ref, got = quantize_torch(x, tile, rht), triton_kernels.quantize(x, tile, rht)
+            assert torch.equal(ref.codes, got.codes) and torch.equal(ref.scales.view(torch.uint8),
+                                                                       got.scales.view(torch.uint8))
+    print(f"bit-exact vs torch at {n}x{n} bf16: ok")
+    elems = n * n
+    xbytes, codes_scales = 2 * elems, elems // 2 + elems // 16
+    dst = torch.empty_like(x)
+    i = iter(range(10**9))
+    copy_ms = ms(lambda: dst.copy_(xs[next(i) % 3]))
+    copy_bw = 2 * xbytes / copy_ms / 1e9
+    rows = [("device copy (read + write)", copy_ms, 2 * xbytes)]
+    amax = {r: triton_kernels.global_amax(x, r) for r in (False, True)}
+    for rht in (False, True):
+        tag = "RHT" if rht else "no RHT"
+        rows.append((f"quantize 1x16, {tag}, amax pass included",
+                     ms(lambda rht=rht: triton_kernels.quantize(xs[next(i) % 3], rht=rht)), 2 * xbytes + codes_scales))
+        rows.append((f"quantize 1x16, {tag}, amax given",
+                     ms(lambda rht=rht: triton_kernels.quantize(xs[next(i) % 3], rht=rht, amax=amax[rht])),
+                     xbytes + codes_scales))
+        rows.append((f"amax pass only, {tag}", ms(lambda rht=rht: triton_kernels.global_amax(xs[next(i) % 3], rht)),
+                     xbytes))
+    rows.append(("quantize 16x16, no RHT, amax given",
+                 ms(lambda: triton_kernels.quantize(xs[next(i) % 3], tile=(16, 16), amax=amax[False])),
+                 xbytes + codes_scales))
+    rows.append(("partial (bf16 out), 1x16, amax pass included",
+                 ms(lambda: quantize_partial(xs[next(i) % 3])), 2 * xbytes + xbytes))
+    rows.append(("partial (bf16 out), transposed view, RHT",
+                 ms(lambda: quantize_partial(xs[next(i) % 3].t(), rht=True)), 2 * xbytes + xbytes))
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, {n}x{n} bf16")
+    print("| what | ms | GB moved | TB/s | of copy bw |")
+    print("|---|---|---|---|---|")
+    for name, t, nbytes in rows:
+        bw = nbytes / t / 1e9
+        print(f"| {name} | {t:.3f} | {nbytes / 1e9:.3f} | {bw:.2f} | {bw / copy_bw:.0%} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""Low-precision numerics: NVFP4 quantization (bit-exact), the emulated NVFP4 GEMM path for
+training, model conversion by recipe name, and per-layer SQNR.
+
+Public API (the training, distillation and merge code call these):
+
+- ``quantize_nvfp4(x, tile=(1, 16), rht=False, stochastic=False, four_over_six=None,
+  generator=None) -> NVFP4Tensor`` (``.codes``, ``.scales``, ``.amax``, ``.dequantize()``):
+  :mod:`longlive_core.quant.nvfp4` documents the exact numerics.
+- ``convert_linears(model, recipe, skip=DEFAULT_SKIP, keep_last_blocks=0) -> ConversionReport``:
+  recipes ``bf16`` (nothing converted), ``nvfp4`` (TE's recipe: W 16x16 RNE, activations 1x16
+  RNE, output gradients 1x16 stochastic, RHT on both wgrad inputs), ``nvfp4-4over6`` (the same
+  with Four-Over-Six scales on the forward operands).
+- ``NVFP4Linear``, ``NVFP4Recipe``: the converted layer and its settings.
+- ``record_sqnr(model)``: per-layer SQNR of weights, activations and output gradients.
+- ``quantize_partial`` / ``emulated_mm``: the GEMM building blocks, for code that quantizes its own
+  operands (attention, the W4A4 merge).
+
+On CUDA the quantization runs in Triton kernels (``backend="triton"``, bit-identical to the torch
+reference for round-to-nearest); elsewhere in eager PyTorch.
+"""
+from longlive_core.quant.gemm import emulated_mm, quantize_partial
+from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
+from longlive_core.quant.numerics import SQNRRecord, record_sqnr
+from longlive_core.quant.nvfp4 import NVFP4Tensor, quantize_nvfp4
+from longlive_core.quant.recipe import DEFAULT_SKIP, RECIPES, ConversionReport, convert_linears
+
+__all__ = [
+    "DEFAULT_SKIP", "RECIPES", "ConversionReport", "NVFP4Linear", "NVFP4Recipe", "NVFP4Tensor", "SQNRRecord",
+    "convert_linears", "emulated_mm", "quantize_nvfp4", "quantize_partial", "record_sqnr",
+]

@@ -1,0 +1,31 @@
+"""The emulated NVFP4 GEMM: E2M1 values times their E4M3 block scales (exact in bfloat16), a
+bfloat16 matmul with float32 output, then both tensors' global decode scales on the float32
+result. That equals a real NVFP4 GEMM up to accumulation order, and runs on any device."""
+from __future__ import annotations
+
+import torch
+
+from longlive_core.quant.nvfp4 import BLOCK, Backend, default_backend, quantize_torch
+
+
+def quantize_partial(x: torch.Tensor, tile: tuple[int, int] = (1, BLOCK), rht: bool = False,
+                     stochastic: bool = False, generator: torch.Generator | None = None,
+                     four_over_six: str | None = None, backend: Backend = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4-quantizes ``x`` (2-D, blocks along its last axis) and returns (q * S_dec in bfloat16,
+    1 / S_enc as a float32 scalar): the operand and the decode scale an emulated GEMM needs."""
+    backend = backend or default_backend(x)
+    if backend == "triton":
+        from longlive_core.quant import triton_kernels
+        return triton_kernels.quantize_partial(x, tile, rht, stochastic, four_over_six, generator)
+    q = quantize_torch(x.contiguous(), tile, rht, stochastic, four_over_six, generator)
+    m, k = q.shape
+    part = (q.values().view(m, k // BLOCK, BLOCK) * q.scales.float()[..., None]).view(m, k)
+    return part.to(torch.bfloat16), (1.0 / q.encode_scale).reshape(())
+
+
+def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor) -> torch.Tensor:
+    """(a @ b) * a_decode * b_decode in float32, a (M, K) and b (K, N) partial operands."""
+    # the CPU has no bf16 -> fp32 mm; there the operands go to float32, where they are exact too
+    out = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else torch.mm(a.float(), b.float())
+    return out * (a_decode * b_decode)

@@ -1,0 +1,107 @@
+"""A linear layer that computes like Transformer Engine's NVFP4 recipe, emulated on any device.
+
+Forward ``y = x W^T + b``: x quantized in 1x16 blocks (round to nearest even), W in 16x16 tiles
+(so its row- and column-wise copies are the same numbers and serve both fprop and dgrad). Backward:
+the output gradient in 1x16 blocks with stochastic rounding; the weight-gradient GEMM quantizes
+both of its inputs along the token axis after the random Hadamard transform. Master weights,
+their gradients and the bias stay in their own (high) precision; only the GEMM operands are 4-bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from longlive_core.quant.gemm import emulated_mm, quantize_partial
+from longlive_core.quant.nvfp4 import BLOCK
+
+
+@dataclasses.dataclass(frozen=True)
+class NVFP4Recipe:
+    """How the GEMM operands of a converted layer are quantized."""
+
+    weight_tile: tuple[int, int] = (BLOCK, BLOCK)
+    grad_stochastic: bool = True
+    wgrad_rht: bool = True
+    # Four-Over-Six block scales for the forward operands (weights and activations): None, "mse", "mae"
+    four_over_six: str | None = None
+    backend: str | None = None  # None: Triton on CUDA, torch elsewhere
+
+
+def sqnr_db(x: torch.Tensor, approx: torch.Tensor) -> torch.Tensor:
+    """Signal-to-quantization-noise ratio in dB (a 0-d tensor: no host sync until read)."""
+    xf = x.float()
+    noise = (xf - approx.float()).square().sum()
+    return 10 * torch.log10(xf.square().sum() / noise.clamp_min(torch.finfo(torch.float32).tiny))
+
+
+def _pad_rows(t: torch.Tensor) -> torch.Tensor:
+    """Zero rows up to a multiple of 16: the wgrad GEMM's blocks run along the token axis, and zero
+    tokens add nothing to the product."""
+    extra = -t.shape[0] % BLOCK
+    return F.pad(t, (0, 0, 0, extra)) if extra else t
+
+
+class _NVFP4LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe: NVFP4Recipe, probe: dict | None):
+        x2 = x.reshape(-1, x.shape[-1])
+        xp, xd = quantize_partial(x2, (1, BLOCK), four_over_six=recipe.four_over_six, backend=recipe.backend)
+        wp, wd = quantize_partial(weight, recipe.weight_tile, four_over_six=recipe.four_over_six,
+                                  backend=recipe.backend)
+        y = emulated_mm(xp, xd, wp.t(), wd)
+        if bias is not None:
+            y = y + bias.float()
+        if probe is not None:
+            probe["weight"] = sqnr_db(weight, wp.float() * wd)
+            probe["input"] = sqnr_db(x2, xp.float() * xd)
+        ctx.save_for_backward(x2, wp, wd)
+        ctx.recipe, ctx.probe, ctx.x_shape, ctx.has_bias = recipe, probe, x.shape, bias is not None
+        ctx.weight_dtype = weight.dtype
+        return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, gy):
+        x2, wp, wd = ctx.saved_tensors
+        r: NVFP4Recipe = ctx.recipe
+        g2 = gy.reshape(-1, gy.shape[-1])
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            gp, gd = quantize_partial(g2, (1, BLOCK), stochastic=r.grad_stochastic, backend=r.backend)
+            grad_x = emulated_mm(gp, gd, wp, wd).to(gy.dtype).view(ctx.x_shape)
+            if ctx.probe is not None:
+                ctx.probe["grad_output"] = sqnr_db(g2, gp.float() * gd)
+        if ctx.needs_input_grad[1]:
+            gt, gtd = quantize_partial(_pad_rows(g2).t(), (1, BLOCK), rht=r.wgrad_rht,
+                                       stochastic=r.grad_stochastic, backend=r.backend)
+            xt, xtd = quantize_partial(_pad_rows(x2).t(), (1, BLOCK), rht=r.wgrad_rht, backend=r.backend)
+            grad_w = emulated_mm(gt, gtd, xt.t(), xtd).to(ctx.weight_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g2.float().sum(0)
+        return grad_x, grad_w, grad_b, None, None
+
+
+class NVFP4Linear(nn.Linear):
+    """``nn.Linear`` whose GEMMs run through the emulated NVFP4 path; same parameters and state-dict
+    keys as the layer it replaces. ``probe``, when a dict, receives per-step SQNRs (see
+    :func:`longlive_core.quant.numerics.record_sqnr`)."""
+
+    recipe: NVFP4Recipe
+    probe: dict | None = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: NVFP4Recipe) -> NVFP4Linear:
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight, new.bias = linear.weight, linear.bias
+        new.recipe, new.probe = recipe, None
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _NVFP4LinearFn.apply(x, self.weight, self.bias, self.recipe, self.probe)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe}"

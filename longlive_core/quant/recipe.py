@@ -1,0 +1,84 @@
+"""Recipes by name, and converting a model's ``nn.Linear`` layers to one.
+
+``convert_linears(model, "nvfp4", skip=..., keep_last_blocks=k)`` swaps each eligible
+``nn.Linear`` for an :class:`~longlive_core.quant.linear.NVFP4Linear` that shares its parameters
+(state-dict keys unchanged). A layer stays as it is when its name matches a ``skip`` glob
+(embeddings, patch embedding, head: the paper keeps these in BF16), when it is in the last
+``keep_last_blocks`` entries of the ``blocks_attr`` ModuleList, or when its dimensions are not
+multiples of 16. The report says which layers were converted and why the others were not.
+Recipe ``bf16`` converts nothing. Later backends (Transformer Engine, FP8, MXFP4) are new names
+in ``RECIPES``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+
+from torch import nn
+
+from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
+
+log = logging.getLogger(__name__)
+
+RECIPES: dict[str, NVFP4Recipe | None] = {
+    "bf16": None,
+    "nvfp4": NVFP4Recipe(),
+    "nvfp4-4over6": NVFP4Recipe(four_over_six="mse"),
+}
+DEFAULT_SKIP = ("*embed*", "*patch_embedding*", "*head*", "*norm*")
+
+
+@dataclasses.dataclass
+class ConversionReport:
+    recipe: str
+    converted: list[str] = dataclasses.field(default_factory=list)
+    kept: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def summary(self) -> str:
+        return f"recipe {self.recipe}: {len(self.converted)} linear layers converted, {len(self.kept)} kept"
+
+
+def _last_block_prefixes(model: nn.Module, blocks_attr: str, keep_last_blocks: int) -> tuple[str, ...]:
+    if keep_last_blocks <= 0:
+        return ()
+    blocks = model.get_submodule(blocks_attr)
+    if not isinstance(blocks, nn.ModuleList):
+        raise ValueError(f"keep_last_blocks needs model.{blocks_attr} to be an nn.ModuleList")
+    n = len(blocks)
+    return tuple(f"{blocks_attr}.{i}." for i in range(max(0, n - keep_last_blocks), n))
+
+
+def convert_linears(model: nn.Module, recipe: str, skip: tuple[str, ...] = DEFAULT_SKIP,
+                    keep_last_blocks: int = 0, blocks_attr: str = "blocks",
+                    overrides: dict | None = None) -> ConversionReport:
+    """Converts ``model`` in place under ``recipe`` (a key of RECIPES); ``overrides`` replaces
+    fields of the recipe (e.g. ``{"backend": "torch"}``)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown quantization recipe {recipe!r}; known: {', '.join(RECIPES)}")
+    report = ConversionReport(recipe)
+    config = RECIPES[recipe]
+    if config is None:
+        return report
+    if overrides:
+        config = dataclasses.replace(config, **overrides)
+    last = _last_block_prefixes(model, blocks_attr, keep_last_blocks)
+    targets = []
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear:
+            continue
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in skip):
+            report.kept[name] = "skip list"
+        elif (name + ".").startswith(last) and last:
+            report.kept[name] = f"one of the last {keep_last_blocks} blocks"
+        elif module.in_features % 16 or module.out_features % 16:
+            report.kept[name] = f"shape {module.out_features}x{module.in_features} is not a multiple of 16"
+        else:
+            targets.append(name)
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, NVFP4Linear.from_linear(getattr(parent, child), config))
+        report.converted.append(name)
+    log.info(report.summary())
+    return report

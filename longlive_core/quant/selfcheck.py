@@ -1,0 +1,76 @@
+"""Checks that the Triton kernels compute what the torch reference does, on this machine's GPU.
+
+    python -m longlive_core.quant.selfcheck        # on a CUDA machine; raises on any mismatch
+
+Round-to-nearest results must be bit-identical (codes, scales, amax, the GEMM's partial operands);
+stochastic rounding must be reproducible from a generator and unbiased. The tests run the same
+checks on the CPU under Triton's interpreter, and on a GPU where there is one.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from longlive_core.quant import triton_kernels
+from longlive_core.quant.gemm import quantize_partial
+from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
+from longlive_core.quant.nvfp4 import quantize_torch
+
+CONFIGS = [(dtype, tile, rht, fos) for dtype in (torch.float32, torch.bfloat16) for tile in ((1, 16), (16, 16))
+           for rht in (False, True) for fos in (None, "mse", "mae")]
+
+
+def same_bits(a, b) -> bool:
+    return (torch.equal(a.codes, b.codes) and torch.equal(a.scales.view(torch.uint8), b.scales.view(torch.uint8))
+            and torch.equal(a.amax.cpu(), b.amax.cpu()))
+
+
+def check_kernels(device: str, m: int = 48, k: int = 160) -> None:
+    """Every configuration, bit for bit, on inputs with outliers, underflow and odd tile counts."""
+    g = torch.Generator().manual_seed(0)
+    for dtype, tile, rht, fos in CONFIGS:
+        x = torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, k, generator=g) * 2)
+        x[1, 3], x[7, 16:32] = 5e4, torch.linspace(-3e-7, 3e-7, 16)
+        x = x.to(dtype).to(device)
+        ref = quantize_torch(x, tile, rht, False, fos)
+        got = triton_kernels.quantize(x, tile, rht, False, fos)
+        assert same_bits(ref, got), (dtype, tile, rht, fos)
+        # a transposed view is quantized along its other axis without a copy, to the same bits
+        xt = x.t().contiguous().t()
+        assert same_bits(quantize_torch(xt.contiguous(), tile, rht, False, fos),
+                         triton_kernels.quantize(xt, tile, rht, False, fos)), ("strided", dtype, tile, rht, fos)
+        if fos is None:
+            pr, dr = quantize_partial(x, tile, rht, backend="torch")
+            pt, dt = quantize_partial(x, tile, rht, backend="triton")
+            assert torch.equal(pr, pt) and torch.equal(dr, dt), ("partial", dtype, tile, rht)
+            pt2, _ = quantize_partial(x.t(), tile if tile == (1, 16) else (16, 16), rht, backend="triton")
+            assert pt2.stride() == x.t().stride()  # written in the input's own layout
+            assert torch.equal(pt2, quantize_partial(x.t().contiguous(), tile, rht, backend="torch")[0])
+    # stochastic rounding: reproducible from a generator, unbiased, on the two neighbouring values
+    x = torch.randn(32, 64, generator=g).to(device)
+    a = triton_kernels.quantize(x, stochastic=True, generator=torch.Generator().manual_seed(5))
+    b = triton_kernels.quantize(x, stochastic=True, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a.codes, b.codes)
+    draws = torch.stack([triton_kernels.quantize(x, stochastic=True, generator=g).dequantize() for _ in range(200)])
+    rne = quantize_torch(x).dequantize()
+    rmse = lambda d: (d - x).square().mean().sqrt()  # noqa: E731
+    assert rmse(draws.mean(0)) < rmse(rne) / 4
+    assert rmse(draws[:50].mean(0)) < rmse(rne)
+
+
+def check_emulated_linear(device: str = "cuda") -> None:
+    """The NVFP4 linear layer gives the same bits with either quantizer backend."""
+    g = torch.Generator(device=device).manual_seed(0)
+    lin = nn.Linear(256, 512).to(device)
+    x = torch.randn(4, 100, 256, device=device, dtype=torch.bfloat16, generator=g)
+    outs = [NVFP4Linear.from_linear(lin, NVFP4Recipe(backend=b))(x) for b in ("torch", "triton")]
+    assert torch.equal(*outs)
+    ref = torch.nn.functional.linear(x.float(), lin.weight, lin.bias)
+    assert (outs[0].float() - ref).norm() / ref.norm() < 0.2
+
+
+if __name__ == "__main__":
+    check_kernels("cuda")
+    check_kernels("cuda", m=1024, k=4096)
+    check_emulated_linear("cuda")
+    print("NVFP4 Triton kernels: bit-identical to the torch reference")

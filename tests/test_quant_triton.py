@@ -1,0 +1,37 @@
+"""The Triton quantize kernels equal the torch reference bit for bit (round-to-nearest) and round
+stochastically without bias (checks in longlive_core.quant.selfcheck). On a CUDA machine they run
+on the GPU; here on the CPU under Triton's interpreter (TRITON_INTERPRET=1, in a subprocess since
+the flag is read at import). No conftest import: the GPU image runs this file with --noconftest."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from longlive_core.quant.selfcheck import check_emulated_linear, check_kernels
+
+REPO = Path(__file__).resolve().parents[1]
+
+def test_triton_matches_torch_in_the_interpreter():
+    code = "from longlive_core.quant.selfcheck import check_kernels; check_kernels('cpu')"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+
+
+@needs_cuda
+def test_triton_matches_torch_on_the_gpu():
+    check_kernels("cuda")
+    check_kernels("cuda", m=1024, k=4096)
+
+
+@needs_cuda
+def test_emulated_linear_is_the_same_on_both_backends_on_the_gpu():
+    check_emulated_linear("cuda")
