@@ -1,6 +1,6 @@
 """Emulated NVFP4 linear forward + backward against BF16 F.linear, same run, on a CUDA GPU.
 
-    python bench/nvfp4_linear.py [--tokens 16384 32768 65536]
+    python bench/nvfp4_linear.py [--tokens 16384 32768 65536] [--tile-from best.json]
 
 Wan2.2-5B shapes: 3072->3072 (attention projections), 3072->14336 and 14336->3072 (FFN). Median
 time of forward + backward (input, weight and bias gradients) for each; the goal is at most 1.5x
@@ -10,12 +10,13 @@ autocast would.
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 import triton.testing
 from torch import nn
 
-from longlive_core.quant import NVFP4Linear, NVFP4Recipe
+from longlive_core.quant import NVFP4Linear, NVFP4Recipe, triton_kernels
 
 SHAPES = ((3072, 3072), (3072, 14336), (14336, 3072))
 
@@ -32,9 +33,13 @@ def fwd_bwd(layer, x, gy):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[16384, 32768, 65536])
+    ap.add_argument("--tile-from")
     args = ap.parse_args()
+    if args.tile_from:
+        with open(args.tile_from) as f:
+            triton_kernels.TILE.update(json.load(f))
     torch.manual_seed(0)
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, quantize tile {triton_kernels.TILE}")
     print("| in -> out | tokens | bf16 ms | nvfp4 ms | ratio | nvfp4 fwd ms | bf16 fwd ms |")
     print("|---|---|---|---|---|---|---|")
     for k, n in SHAPES:

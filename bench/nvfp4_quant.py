@@ -1,17 +1,19 @@
 """NVFP4 quantize kernel bandwidth on a CUDA GPU (figures go into bench/RESULTS.md).
 
-    python bench/nvfp4_quant.py [--size 8192]
+    python bench/nvfp4_quant.py [--size 8192] [--sweep --best-out best.json]
 
 Times the Triton kernel on a size x size bfloat16 tensor, with and without the RHT, with the amax
 computed by the kernel's own pass (x read twice) and passed in (x read once), and the partial
 (q * S_dec, bfloat16) output the emulated GEMM uses. Effective bandwidth counts the bytes the
 kernel must move (x reads, codes + scales or the partial written) and is set against a
 device-to-device copy measured in the same run (bytes read + written). Checks the bits against
-the torch reference first.
+the torch reference first. --sweep times the kernel's tile shapes and warp counts first and uses
+the fastest (writing it to --best-out for bench/nvfp4_linear.py --tile-from).
 """
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 import triton.testing
@@ -25,13 +27,43 @@ def ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
+def sweep(xs) -> None:
+    """Times quantize (1x16, amax given) and the RHT partial on a transposed view for each tile."""
+    amax = triton_kernels.global_amax(xs[0], False)
+    results = []
+    print("| BM | BK | warps | quantize ms | RHT partial (transposed) ms |")
+    print("|---|---|---|---|---|")
+    for bm in (16, 32, 64):
+        for bk in (64, 128, 256):
+            for warps in (4, 8):
+                if bm * bk > 8192:
+                    continue
+                triton_kernels.TILE.update(BM=bm, BK=bk, num_warps=warps)
+                j = iter(range(10**9))
+                q = ms(lambda j=j: triton_kernels.quantize(xs[next(j) % 3], amax=amax))
+                p = ms(lambda j=j: quantize_partial(xs[next(j) % 3].t(), rht=True))
+                results.append((q + p, bm, bk, warps))
+                print(f"| {bm} | {bk} | {warps} | {q:.3f} | {p:.3f} |")
+    _, bm, bk, warps = min(results)
+    triton_kernels.TILE.update(BM=bm, BK=bk, num_warps=warps)
+    print(f"fastest tile: BM={bm} BK={bk} warps={warps}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=8192)
-    n = ap.parse_args().size
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--best-out")
+    args = ap.parse_args()
+    n = args.size
     torch.manual_seed(0)
     xs = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(3)]  # rotate: no cache reuse
     x = xs[0]
+    if args.sweep:
+        sweep(xs)
+        if args.best_out:
+            with open(args.best_out, "w") as f:
+                json.dump(triton_kernels.TILE, f)
     for rht in (False, True):
         for tile in ((1, 16), (16, 16)):
             ref, got = quantize_torch(x, tile, rht), triton_kernels.quantize(x, tile, rht)

@@ -24,8 +24,17 @@ def quantize_partial(x: torch.Tensor, tile: tuple[int, int] = (1, BLOCK), rht: b
     return part.to(torch.bfloat16), (1.0 / q.encode_scale).reshape(())
 
 
-def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor) -> torch.Tensor:
-    """(a @ b) * a_decode * b_decode in float32, a (M, K) and b (K, N) partial operands."""
+def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor,
+                bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
+                backend: Backend = None) -> torch.Tensor:
+    """((a @ b) * (a_decode * b_decode) + bias).to(out_dtype), a (M, K) and b (K, N) partial operands;
+    the product and the scaling in float32, in that order (one fused pass on CUDA)."""
     # the CPU has no bf16 -> fp32 mm; there the operands go to float32, where they are exact too
-    out = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else torch.mm(a.float(), b.float())
-    return out * (a_decode * b_decode)
+    acc = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else torch.mm(a.float(), b.float())
+    if (backend or default_backend(acc)) == "triton":
+        from longlive_core.quant import triton_kernels
+        return triton_kernels.epilogue(acc, a_decode, b_decode, bias, out_dtype)
+    out = acc * (a_decode * b_decode)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)

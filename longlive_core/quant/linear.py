@@ -51,16 +51,14 @@ class _NVFP4LinearFn(torch.autograd.Function):
         xp, xd = quantize_partial(x2, (1, BLOCK), four_over_six=recipe.four_over_six, backend=recipe.backend)
         wp, wd = quantize_partial(weight, recipe.weight_tile, four_over_six=recipe.four_over_six,
                                   backend=recipe.backend)
-        y = emulated_mm(xp, xd, wp.t(), wd)
-        if bias is not None:
-            y = y + bias.float()
+        y = emulated_mm(xp, xd, wp.t(), wd, bias, x.dtype, recipe.backend)
         if probe is not None:
             probe["weight"] = sqnr_db(weight, wp.float() * wd)
             probe["input"] = sqnr_db(x2, xp.float() * xd)
         ctx.save_for_backward(x2, wp, wd)
         ctx.recipe, ctx.probe, ctx.x_shape, ctx.has_bias = recipe, probe, x.shape, bias is not None
         ctx.weight_dtype = weight.dtype
-        return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+        return y.view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, gy):
@@ -70,14 +68,14 @@ class _NVFP4LinearFn(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             gp, gd = quantize_partial(g2, (1, BLOCK), stochastic=r.grad_stochastic, backend=r.backend)
-            grad_x = emulated_mm(gp, gd, wp, wd).to(gy.dtype).view(ctx.x_shape)
+            grad_x = emulated_mm(gp, gd, wp, wd, out_dtype=gy.dtype, backend=r.backend).view(ctx.x_shape)
             if ctx.probe is not None:
                 ctx.probe["grad_output"] = sqnr_db(g2, gp.float() * gd)
         if ctx.needs_input_grad[1]:
             gt, gtd = quantize_partial(_pad_rows(g2).t(), (1, BLOCK), rht=r.wgrad_rht,
                                        stochastic=r.grad_stochastic, backend=r.backend)
             xt, xtd = quantize_partial(_pad_rows(x2).t(), (1, BLOCK), rht=r.wgrad_rht, backend=r.backend)
-            grad_w = emulated_mm(gt, gtd, xt.t(), xtd).to(ctx.weight_dtype)
+            grad_w = emulated_mm(gt, gtd, xt.t(), xtd, out_dtype=ctx.weight_dtype, backend=r.backend)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.float().sum(0)
         return grad_x, grad_w, grad_b, None, None

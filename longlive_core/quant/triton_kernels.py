@@ -48,6 +48,7 @@ FOS_CODES = {None: 0, "mse": 1, "mae": 2}
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 if triton is not None:
+    _FLT_MAX = tl.constexpr(FLT_MAX)
 
     @triton.jit
     def _round_e4m3(v):
@@ -147,7 +148,7 @@ if triton is not None:
         else:
             scaled = tl.math.div_rn(bamax, 6.0) * s_enc * mult
         s_dec = _round_e4m3(tl.minimum(scaled, 448.0))
-        enc = tl.minimum(tl.math.div_rn(1.0, s_dec * tl.math.div_rn(1.0, s_enc)), FLT_MAX)
+        enc = tl.minimum(tl.math.div_rn(1.0, s_dec * tl.math.div_rn(1.0, s_enc)), _FLT_MAX)
         v = tl.minimum(tl.maximum(xb * enc[:, :, None], -6.0), 6.0)
         a = tl.abs(v)
         if SR:
@@ -216,8 +217,33 @@ if triton is not None:
             tl.store(part_ptr + rm[:, None] * spm + rk[None, :] * spk, p, mask=mask)
 
 
+    @triton.jit
+    def _epilogue_kernel(acc_ptr, a_dec_ptr, b_dec_ptr, bias_ptr, out_ptr, numel, N, HAS_BIAS: tl.constexpr,
+                         BLOCK_SIZE: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = offs < numel
+        alpha = tl.load(a_dec_ptr) * tl.load(b_dec_ptr)
+        y = tl.load(acc_ptr + offs, mask=mask, other=0.0) * alpha
+        if HAS_BIAS:
+            y = y + tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 _SIGNS: dict[torch.device, torch.Tensor] = {}
-BM, BK = 32, 64
+# tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
+TILE = {"BM": 32, "BK": 64, "num_warps": 4}
+
+
+def epilogue(acc: torch.Tensor, a_decode: torch.Tensor, b_decode: torch.Tensor, bias: torch.Tensor | None,
+             out_dtype: torch.dtype) -> torch.Tensor:
+    """acc * (a_decode * b_decode) (+ bias) cast to out_dtype, one pass; the torch path's operation order."""
+    acc = acc.contiguous()
+    out = torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
+    numel, block = acc.numel(), 2048
+    _epilogue_kernel[(triton.cdiv(numel, block),)](
+        acc, a_decode.reshape(1).float(), b_decode.reshape(1).float(), bias if bias is not None else acc, out,
+        numel, acc.shape[-1], HAS_BIAS=bias is not None, BLOCK_SIZE=block, enable_fp_fusion=False)
+    return out
 
 
 def _signs(device: torch.device) -> torch.Tensor:
@@ -227,7 +253,7 @@ def _signs(device: torch.device) -> torch.Tensor:
 
 
 def _grid(m: int, k: int) -> tuple[int, int]:
-    return triton.cdiv(m, BM), triton.cdiv(k, BK)
+    return triton.cdiv(m, TILE["BM"]), triton.cdiv(k, TILE["BK"])
 
 
 def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
@@ -237,8 +263,8 @@ def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
     m, k = x.shape
     grid = _grid(m, k)
     partial = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=x.device)
-    _amax_kernel[grid](x, x.stride(0), x.stride(1), m, k, _signs(x.device), partial, BM=BM, BK=BK,
-                       RHT=True, IS_BF16=x.dtype == torch.bfloat16, enable_fp_fusion=False)
+    _amax_kernel[grid](x, x.stride(0), x.stride(1), m, k, _signs(x.device), partial, BM=TILE["BM"], BK=TILE["BK"],
+                       num_warps=TILE["num_warps"], RHT=True, IS_BF16=x.dtype == torch.bfloat16, enable_fp_fusion=False)
     return partial.amax()
 
 
@@ -261,7 +287,8 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, write_code
         codes if codes is not None else dummy, scales if scales is not None else dummy,
         part if part is not None else dummy, part.stride(0) if part is not None else 0,
         part.stride(1) if part is not None else 0, seed,
-        BM=BM, BK=BK, TILE2D=tile[0] == BLOCK, RHT=rht, IS_BF16=x.dtype == torch.bfloat16, SR=stochastic,
+        BM=TILE["BM"], BK=TILE["BK"], num_warps=TILE["num_warps"], TILE2D=tile[0] == BLOCK, RHT=rht,
+        IS_BF16=x.dtype == torch.bfloat16, SR=stochastic,
         FOS=FOS_CODES[four_over_six], WRITE_CODES=write_codes, WRITE_PARTIAL=part is not None,
         enable_fp_fusion=False)
     return amax, s_enc, scale_max, codes, scales
