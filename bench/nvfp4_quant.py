@@ -49,6 +49,31 @@ def sweep(xs) -> None:
     print(f"fastest tile: BM={bm} BK={bk} warps={warps}")
 
 
+def compare_kernels(xs) -> None:
+    """The row-tile and the slice kernel side by side on the calls the linear layer makes."""
+    amax = triton_kernels.global_amax(xs[0], False)
+    cases = {
+        "codes 1x16, amax given": lambda x: triton_kernels.quantize(x, amax=amax),
+        "partial 1x16 (fprop x)": lambda x: quantize_partial(x),
+        "partial 1x16 SR (dgrad dy)": lambda x: quantize_partial(x, stochastic=True),
+        "partial transposed RHT (wgrad x)": lambda x: quantize_partial(x.t(), rht=True),
+        "partial transposed RHT SR (wgrad dy)": lambda x: quantize_partial(x.t(), rht=True, stochastic=True),
+    }
+    print("| call | row-tile kernel ms | slice kernel ms | default picks |")
+    print("|---|---|---|---|")
+    for name, fn in cases.items():
+        t = {}
+        for prefer in (False, True):
+            triton_kernels.PREFER_SLICES = prefer
+            j = iter(range(10**9))
+            t[prefer] = ms(lambda j=j, fn=fn: fn(xs[next(j) % 3]))
+        triton_kernels.PREFER_SLICES = None
+        x = xs[0]
+        picks = "slice" if triton_kernels.use_slices(x.t() if "transposed" in name else x, (1, 16), "RHT" in name,
+                                                     "SR" in name, None) else "row-tile"
+        print(f"| {name} | {t[False]:.3f} | {t[True]:.3f} | {picks} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=8192)
@@ -59,6 +84,7 @@ def main() -> None:
     torch.manual_seed(0)
     xs = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(3)]  # rotate: no cache reuse
     x = xs[0]
+    compare_kernels(xs)
     if args.sweep:
         sweep(xs)
         if args.best_out:

@@ -21,7 +21,8 @@ def quantize_partial(x: torch.Tensor, tile: tuple[int, int] = (1, BLOCK), rht: b
     q = quantize_torch(x.contiguous(), tile, rht, stochastic, four_over_six, generator)
     m, k = q.shape
     part = (q.values().view(m, k // BLOCK, BLOCK) * q.scales.float()[..., None]).view(m, k)
-    return part.to(torch.bfloat16), (1.0 / q.encode_scale).reshape(())
+    s_enc = q.encode_scale
+    return part.to(torch.bfloat16), (torch.ones_like(s_enc) / s_enc).reshape(())
 
 
 def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor,

@@ -26,6 +26,16 @@ def same_bits(a, b) -> bool:
 
 
 def check_kernels(device: str, m: int = 48, k: int = 160) -> None:
+    """Both kernels (row tiles and slices) wherever either applies."""
+    try:
+        for prefer in (True, False):
+            triton_kernels.PREFER_SLICES = prefer
+            check_configs(device, m, k)
+    finally:
+        triton_kernels.PREFER_SLICES = None
+
+
+def check_configs(device: str, m: int, k: int) -> None:
     """Every configuration, bit for bit, on inputs with outliers, underflow and odd tile counts."""
     g = torch.Generator().manual_seed(0)
     for dtype, tile, rht, fos in CONFIGS:

@@ -28,7 +28,6 @@ from longlive_core.quant.nvfp4 import (
     FOUR_OVER_SIX_E4M3_MAX,
     NVFP4Tensor,
     check_input,
-    global_encode_scale,
 )
 
 try:
@@ -114,51 +113,54 @@ if triton is not None:
         return x, rm, rk, mask
 
     @triton.jit
-    def _amax_kernel(x_ptr, sxm, sxk, M, K, signs_ptr, out_ptr, BM: tl.constexpr, BK: tl.constexpr,
-                     RHT: tl.constexpr, IS_BF16: tl.constexpr):
-        x, rm, rk, mask = _load_tile(x_ptr, sxm, sxk, M, K, signs_ptr, BM, BK, RHT, IS_BF16)
-        tile_max = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        tl.store(out_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1), tile_max)
+    def _e2m1_round(a, u, SR: tl.constexpr):
+        """|v| <= 6 -> its E2M1 magnitude: nearest, ties to even, or (SR) the upper neighbour with
+        probability equal to the fractional distance (u uniform in [0, 1)). Round to nearest adds and
+        subtracts 2^22, 2^23 or 2^24, whose float32 spacing (0.5, 1, 2) is E2M1's step in that range."""
+        if SR:
+            inv_step = tl.where(a < 2.0, 2.0, tl.where(a < 4.0, 1.0, 0.5))
+            r = tl.minimum(tl.floor(a * inv_step + u) / inv_step, 6.0)
+        else:
+            r = tl.where(a < 2.0, (a + 4194304.0) - 4194304.0,
+                         tl.where(a < 4.0, (a + 8388608.0) - 8388608.0, (a + 16777216.0) - 16777216.0))
+        return r
 
     @triton.jit
-    def _e2m1_rne_mag(a):
-        """Magnitude code 0..7 of |v| <= 6, ties to the even code."""
-        return ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
-                + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
-                + (a > 5.0).to(tl.int32))
+    def _quant_elem(x, enc, u, SR: tl.constexpr):
+        """(signed E2M1 value, 4-bit code) of x * enc."""
+        v = tl.minimum(tl.maximum(x * enc, -6.0), 6.0)
+        r = _e2m1_round(tl.abs(v), u, SR)
+        neg = v < 0
+        code = tl.where(r <= 2.0, r * 2.0, tl.where(r <= 4.0, r + 2.0, 7.0)).to(tl.int32) + neg.to(tl.int32) * 8
+        return tl.where(neg, -r, r), code
 
     @triton.jit
-    def _e2m1_value(mag):
-        return tl.where(mag <= 4, mag.to(tl.float32) * 0.5, tl.where(mag == 7, 6.0, (mag - 2).to(tl.float32)))
+    def _block_scales(bamax, s_enc):
+        """(S_dec as float32, the encode multiplier) for blocks with amax bamax."""
+        s_dec = _round_e4m3(tl.minimum(bamax * (s_enc * (1.0 / 6.0)), 448.0))
+        return s_dec, tl.minimum(tl.math.div_rn(1.0, s_dec * tl.math.div_rn(1.0, s_enc)), _FLT_MAX)
 
     @triton.jit
-    def _e2m1_sr_mag(a, u):
-        lo = ((a >= 0.5).to(tl.int32) + (a >= 1.0).to(tl.int32) + (a >= 1.5).to(tl.int32)
-              + (a >= 2.0).to(tl.int32) + (a >= 3.0).to(tl.int32) + (a >= 4.0).to(tl.int32))
-        lo_v = _e2m1_value(lo)
-        hi_v = _e2m1_value(lo + 1)
-        p = tl.math.div_rn(a - lo_v, hi_v - lo_v)
-        return lo + (u < p).to(tl.int32)
+    def _encode_scale(amax_ptr, SCALE6: tl.constexpr):
+        """S_enc from the global amax, as global_encode_scale computes it."""
+        amax = tl.load(amax_ptr).to(tl.float32)
+        s = tl.math.div_rn(SCALE6, amax)
+        s = tl.where((amax == 0) | (s == 0), 1.0, s)
+        return tl.minimum(s, _FLT_MAX)
 
     @triton.jit
     def _candidate(xb, bamax, s_enc, seed, offs, mult, SR: tl.constexpr, FOS: tl.constexpr):
-        """One choice of block scales: (E4M3 scales as float32, signed E2M1 values, magnitude codes)."""
+        """One choice of block scales: (E4M3 scales as float32, signed E2M1 values, codes)."""
         if FOS == 0:
-            scaled = bamax * (s_enc * (1.0 / 6.0))
+            s_dec, enc = _block_scales(bamax, s_enc)
         else:
-            scaled = tl.math.div_rn(bamax, 6.0) * s_enc * mult
-        s_dec = _round_e4m3(tl.minimum(scaled, 448.0))
-        enc = tl.minimum(tl.math.div_rn(1.0, s_dec * tl.math.div_rn(1.0, s_enc)), _FLT_MAX)
-        v = tl.minimum(tl.maximum(xb * enc[:, :, None], -6.0), 6.0)
-        a = tl.abs(v)
+            s_dec = _round_e4m3(tl.minimum(tl.math.div_rn(bamax, 6.0) * s_enc * mult, 448.0))
+            enc = tl.minimum(tl.math.div_rn(1.0, s_dec * tl.math.div_rn(1.0, s_enc)), _FLT_MAX)
         if SR:
-            mag = _e2m1_sr_mag(a, tl.rand(seed, offs))
+            u = tl.rand(seed, offs)
         else:
-            mag = _e2m1_rne_mag(a)
-        neg = v < 0
-        val = _e2m1_value(mag)
-        val = tl.where(neg, -val, val)
-        code = mag + neg.to(tl.int32) * 8
+            u = 0.0
+        val, code = _quant_elem(xb, enc[:, :, None], u, SR)
         return s_dec, val, code
 
     @triton.jit
@@ -175,10 +177,12 @@ if triton is not None:
         return tl.reshape(tl.broadcast_to(t[:, None, :], (BM // 16, 16, G)), (BM, G))
 
     @triton.jit
-    def _quant_kernel(x_ptr, sxm, sxk, M, K, signs_ptr, senc_ptr, codes_ptr, scales_ptr, part_ptr, spm, spk,
-                      seed, BM: tl.constexpr, BK: tl.constexpr, TILE2D: tl.constexpr, RHT: tl.constexpr,
+    def _quant_kernel(x_ptr, sxm, sxk, M, K, signs_ptr, amax_ptr, codes_ptr, scales_ptr, part_ptr, spm, spk,
+                      dec_ptr, seed, SCALE6: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                      TILE2D: tl.constexpr, RHT: tl.constexpr,
                       IS_BF16: tl.constexpr, SR: tl.constexpr, FOS: tl.constexpr,
-                      WRITE_CODES: tl.constexpr, WRITE_PARTIAL: tl.constexpr):
+                      WRITE_CODES: tl.constexpr, WRITE_PARTIAL: tl.constexpr, WRITE_DEC: tl.constexpr):
+        """Row tiles: a thread holds whole 16-element blocks; every option (16x16 tiles, 4/6)."""
         G: tl.constexpr = BK // 16
         x, rm, rk, mask = _load_tile(x_ptr, sxm, sxk, M, K, signs_ptr, BM, BK, RHT, IS_BF16)
         xb = tl.reshape(x, (BM, G, 16))
@@ -186,7 +190,9 @@ if triton is not None:
         if TILE2D:
             t = tl.max(tl.reshape(bamax, (BM // 16, 16, G)), axis=1)
             bamax = tl.reshape(tl.broadcast_to(t[:, None, :], (BM // 16, 16, G)), (BM, G))
-        s_enc = tl.load(senc_ptr)
+        s_enc = _encode_scale(amax_ptr, SCALE6)
+        if WRITE_DEC:
+            tl.store(dec_ptr, tl.math.div_rn(1.0, s_enc), mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0))
         offs = tl.reshape((rm[:, None] * K + rk[None, :]).to(tl.int32), (BM, G, 16))
         if FOS == 0:
             s_dec, val, code = _candidate(xb, bamax, s_enc, seed, offs, 1.0, SR, FOS)
@@ -218,6 +224,143 @@ if triton is not None:
 
 
     @triton.jit
+    def _bf(a, b):
+        return a + b, a - b
+
+    @triton.jit
+    def _rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16: tl.constexpr):
+        """The RHT of one block held as 16 separate slices: signs, then the butterfly at strides 1, 2, 4,
+        8 (the order of hadamard._butterfly), then / 4, rounded through the input dtype."""
+        x3, x5, x6, x7, x8, x9, x10, x12, x14, x15 = -x3, -x5, -x6, -x7, -x8, -x9, -x10, -x12, -x14, -x15
+        x0, x1 = _bf(x0, x1)
+        x2, x3 = _bf(x2, x3)
+        x4, x5 = _bf(x4, x5)
+        x6, x7 = _bf(x6, x7)
+        x8, x9 = _bf(x8, x9)
+        x10, x11 = _bf(x10, x11)
+        x12, x13 = _bf(x12, x13)
+        x14, x15 = _bf(x14, x15)
+        x0, x2 = _bf(x0, x2)
+        x1, x3 = _bf(x1, x3)
+        x4, x6 = _bf(x4, x6)
+        x5, x7 = _bf(x5, x7)
+        x8, x10 = _bf(x8, x10)
+        x9, x11 = _bf(x9, x11)
+        x12, x14 = _bf(x12, x14)
+        x13, x15 = _bf(x13, x15)
+        x0, x4 = _bf(x0, x4)
+        x1, x5 = _bf(x1, x5)
+        x2, x6 = _bf(x2, x6)
+        x3, x7 = _bf(x3, x7)
+        x8, x12 = _bf(x8, x12)
+        x9, x13 = _bf(x9, x13)
+        x10, x14 = _bf(x10, x14)
+        x11, x15 = _bf(x11, x15)
+        x0, x8 = _bf(x0, x8)
+        x1, x9 = _bf(x1, x9)
+        x2, x10 = _bf(x2, x10)
+        x3, x11 = _bf(x3, x11)
+        x4, x12 = _bf(x4, x12)
+        x5, x13 = _bf(x5, x13)
+        x6, x14 = _bf(x6, x14)
+        x7, x15 = _bf(x7, x15)
+        return (_q4(x0, IS_BF16), _q4(x1, IS_BF16), _q4(x2, IS_BF16), _q4(x3, IS_BF16), _q4(x4, IS_BF16),
+                _q4(x5, IS_BF16), _q4(x6, IS_BF16), _q4(x7, IS_BF16), _q4(x8, IS_BF16), _q4(x9, IS_BF16),
+                _q4(x10, IS_BF16), _q4(x11, IS_BF16), _q4(x12, IS_BF16), _q4(x13, IS_BF16), _q4(x14, IS_BF16),
+                _q4(x15, IS_BF16))
+
+    @triton.jit
+    def _q4(v, IS_BF16: tl.constexpr):
+        v = v * 0.25
+        if IS_BF16:
+            v = _round_bf16(v)
+        return v
+
+    @triton.jit
+    def _ld(ptr, p, sxk, mask):
+        return tl.load(ptr + p * sxk, mask=mask, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
+        a = tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3)))
+        b = tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))
+        c = tl.maximum(tl.maximum(tl.abs(x8), tl.abs(x9)), tl.maximum(tl.abs(x10), tl.abs(x11)))
+        d = tl.maximum(tl.maximum(tl.abs(x12), tl.abs(x13)), tl.maximum(tl.abs(x14), tl.abs(x15)))
+        return tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
+
+    @triton.jit
+    def _emit_pair(xa, xb, pa, enc, s_dec, ua, ub, part_ptrs, spk, codes_ptrs, mask, SR: tl.constexpr,
+                   WRITE_CODES: tl.constexpr, WRITE_PARTIAL: tl.constexpr):
+        """Quantizes elements pa and pa + 1 of every block; stores their partials and packed byte."""
+        va, ca = _quant_elem(xa, enc, ua, SR)
+        vb, cb = _quant_elem(xb, enc, ub, SR)
+        if WRITE_PARTIAL:
+            tl.store(part_ptrs + pa * spk, (va * s_dec).to(tl.bfloat16), mask=mask)
+            tl.store(part_ptrs + (pa + 1) * spk, (vb * s_dec).to(tl.bfloat16), mask=mask)
+        if WRITE_CODES:
+            tl.store(codes_ptrs + pa // 2, (ca | (cb << 4)).to(tl.uint8), mask=mask)
+
+    @triton.jit
+    def _uniform4(seed, offs):
+        a, b, c, d = tl.randint4x(seed, offs)
+        return (tl.random.uint_to_uniform_float(a), tl.random.uint_to_uniform_float(b),
+                tl.random.uint_to_uniform_float(c), tl.random.uint_to_uniform_float(d))
+
+    @triton.jit
+    def _slice_kernel(x_ptr, sxm, sxk, M, K, amax_ptr, codes_ptr, scales_ptr, part_ptr, spm, spk, dec_ptr,
+                      max_ptr, seed, SCALE6: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, RHT: tl.constexpr,
+                      IS_BF16: tl.constexpr, SR: tl.constexpr, WRITE_CODES: tl.constexpr,
+                      WRITE_PARTIAL: tl.constexpr, WRITE_DEC: tl.constexpr, AMAX_ONLY: tl.constexpr):
+        """1x16 blocks as 16 slices of a (BM rows x G blocks) tile: slice p holds element p of every
+        block. Everything is then elementwise (no layout changes, the RHT included), and a strided
+        view (a transposed tensor) is read and written along its contiguous axis. Tensors are
+        (G, BM), rows last: the order Triton's default layout favours, so that values computed
+        from indices (the random numbers) need no layout change to meet the loaded ones."""
+        rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+        rg = tl.program_id(1).to(tl.int64) * G + tl.arange(0, G)
+        mask = (rm[None, :] < M) & (rg[:, None] < K // 16)
+        xp = x_ptr + rm[None, :] * sxm + rg[:, None] * (16 * sxk)
+        x0, x1, x2, x3 = _ld(xp, 0, sxk, mask), _ld(xp, 1, sxk, mask), _ld(xp, 2, sxk, mask), _ld(xp, 3, sxk, mask)
+        x4, x5, x6, x7 = _ld(xp, 4, sxk, mask), _ld(xp, 5, sxk, mask), _ld(xp, 6, sxk, mask), _ld(xp, 7, sxk, mask)
+        x8, x9, x10, x11 = _ld(xp, 8, sxk, mask), _ld(xp, 9, sxk, mask), _ld(xp, 10, sxk, mask), _ld(xp, 11, sxk, mask)
+        x12, x13 = _ld(xp, 12, sxk, mask), _ld(xp, 13, sxk, mask)
+        x14, x15 = _ld(xp, 14, sxk, mask), _ld(xp, 15, sxk, mask)
+        if RHT:
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16)
+        bamax = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
+        if AMAX_ONLY:
+            tl.store(max_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
+                     tl.max(tl.max(bamax, axis=1), axis=0))
+        else:
+            s_enc = _encode_scale(amax_ptr, SCALE6)
+            if WRITE_DEC:
+                tl.store(dec_ptr, tl.math.div_rn(1.0, s_enc), mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0))
+            s_dec, enc = _block_scales(bamax, s_enc)
+            if SR:
+                blk = ((rm[None, :] * (K // 16) + rg[:, None]) * 4).to(tl.int32)
+                u0, u1, u2, u3 = _uniform4(seed, blk)
+                u4, u5, u6, u7 = _uniform4(seed, blk + 1)
+                u8, u9, u10, u11 = _uniform4(seed, blk + 2)
+                u12, u13, u14, u15 = _uniform4(seed, blk + 3)
+            else:
+                u0, u1, u2, u3, u4, u5, u6, u7 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+                u8, u9, u10, u11, u12, u13, u14, u15 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+            pp = part_ptr + rm[None, :] * spm + rg[:, None] * (16 * spk)
+            cp = codes_ptr + rm[None, :] * (K // 2) + rg[:, None] * 8
+            _emit_pair(x0, x1, 0, enc, s_dec, u0, u1, pp, spk, cp, mask, SR, WRITE_CODES, WRITE_PARTIAL)
+            _emit_pair(x2, x3, 2, enc, s_dec, u2, u3, pp, spk, cp, mask, SR, WRITE_CODES, WRITE_PARTIAL)
+            _emit_pair(x4, x5, 4, enc, s_dec, u4, u5, pp, spk, cp, mask, SR, WRITE_CODES, WRITE_PARTIAL)
+            _emit_pair(x6, x7, 6, enc, s_dec, u6, u7, pp, spk, cp, mask, SR, WRITE_CODES, WRITE_PARTIAL)
+            _emit_pair(x8, x9, 8, enc, s_dec, u8, u9, pp, spk, cp, mask, SR, WRITE_CODES, WRITE_PARTIAL)
+            _emit_pair(x10, x11, 10, enc, s_dec, u10, u11, pp, spk, cp, mask, SR, WRITE_CODES, WRITE_PARTIAL)
+            _emit_pair(x12, x13, 12, enc, s_dec, u12, u13, pp, spk, cp, mask, SR, WRITE_CODES, WRITE_PARTIAL)
+            _emit_pair(x14, x15, 14, enc, s_dec, u14, u15, pp, spk, cp, mask, SR, WRITE_CODES, WRITE_PARTIAL)
+            if WRITE_CODES:
+                sbits = s_dec.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+                tl.store(scales_ptr + rm[None, :] * (K // 16) + rg[:, None], sbits, mask=mask)
+
+    @triton.jit
     def _epilogue_kernel(acc_ptr, a_dec_ptr, b_dec_ptr, bias_ptr, out_ptr, numel, N, HAS_BIAS: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -231,7 +374,9 @@ if triton is not None:
 
 _SIGNS: dict[torch.device, torch.Tensor] = {}
 # tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
-TILE = {"BM": 32, "BK": 64, "num_warps": 4}
+TILE = {"BM": 32, "BK": 128, "num_warps": 8}
+SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
+PREFER_SLICES: bool | None = None  # None: use_slices decides; the bench forces either kernel
 
 
 def epilogue(acc: torch.Tensor, a_decode: torch.Tensor, b_decode: torch.Tensor, bias: torch.Tensor | None,
@@ -256,49 +401,70 @@ def _grid(m: int, k: int) -> tuple[int, int]:
     return triton.cdiv(m, TILE["BM"]), triton.cdiv(k, TILE["BK"])
 
 
+def _slice_grid(m: int, k: int) -> tuple[int, int]:
+    return triton.cdiv(m, SLICE_TILE["BM"]), triton.cdiv(k // BLOCK, SLICE_TILE["G"])
+
+
+def use_slices(x: torch.Tensor, tile, rht: bool, stochastic: bool, four_over_six) -> bool:
+    """The slice kernel does 1x16 blocks without 4/6; it wins on strided views, the RHT and
+    stochastic rounding (bench/nvfp4_quant.py), the row-tile kernel on plain contiguous rows."""
+    if tile != (1, BLOCK) or four_over_six is not None:
+        return False
+    if PREFER_SLICES is not None:
+        return PREFER_SLICES
+    return x.stride(1) != 1 or rht or stochastic
+
+
 def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
-    """max |x| (after the RHT when asked), float32 scalar, one pass over x."""
+    """max |x| (after the RHT when asked), one pass over x; x's dtype when rht is False."""
     if not rht:
-        return torch.linalg.vector_norm(x, float("inf")).float()
+        return torch.linalg.vector_norm(x, float("inf"))
     m, k = x.shape
-    grid = _grid(m, k)
+    grid = _slice_grid(m, k)
     partial = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=x.device)
-    _amax_kernel[grid](x, x.stride(0), x.stride(1), m, k, _signs(x.device), partial, BM=TILE["BM"], BK=TILE["BK"],
-                       num_warps=TILE["num_warps"], RHT=True, IS_BF16=x.dtype == torch.bfloat16, enable_fp_fusion=False)
+    _slice_kernel[grid](x, x.stride(0), x.stride(1), m, k, partial, partial, partial, partial, 0, 0, partial,
+                        partial, 0, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
+                        num_warps=SLICE_TILE["num_warps"], RHT=True, IS_BF16=x.dtype == torch.bfloat16, SR=False,
+                        WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, AMAX_ONLY=True,
+                        enable_fp_fusion=False)
     return partial.amax()
 
 
-def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, write_codes, part):
+def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, scales, part, dec):
     check_input(x, tile)
     if not x.is_cuda and not INTERPRETING:
         raise ValueError("the Triton backend needs a CUDA tensor; use backend='torch' on the CPU")
     if four_over_six not in FOS_CODES:
         raise ValueError(f"four_over_six must be None, 'mse' or 'mae'; got {four_over_six!r}")
     m, k = x.shape
-    amax = global_amax(x, rht) if amax is None else amax.float().reshape(())
+    amax = global_amax(x, rht) if amax is None else amax.reshape(())
     scale_max = FOUR_OVER_SIX_E4M3_MAX if four_over_six else E4M3_MAX
-    s_enc = global_encode_scale(amax, scale_max).reshape(1)
-    codes = torch.empty((m, k // 2), dtype=torch.uint8, device=x.device) if write_codes else None
-    scales = torch.empty((m, k // BLOCK), dtype=torch.uint8, device=x.device) if write_codes else None
     seed = int(torch.randint(0, 2**31 - 2, (1,), generator=generator).item()) if stochastic else 0
-    dummy = s_enc
-    _quant_kernel[_grid(m, k)](
-        x, x.stride(0), x.stride(1), m, k, _signs(x.device), s_enc,
-        codes if codes is not None else dummy, scales if scales is not None else dummy,
-        part if part is not None else dummy, part.stride(0) if part is not None else 0,
-        part.stride(1) if part is not None else 0, seed,
-        BM=TILE["BM"], BK=TILE["BK"], num_warps=TILE["num_warps"], TILE2D=tile[0] == BLOCK, RHT=rht,
-        IS_BF16=x.dtype == torch.bfloat16, SR=stochastic,
-        FOS=FOS_CODES[four_over_six], WRITE_CODES=write_codes, WRITE_PARTIAL=part is not None,
-        enable_fp_fusion=False)
-    return amax, s_enc, scale_max, codes, scales
+    dummy = amax
+    common = dict(SCALE6=scale_max * 6.0, RHT=rht, IS_BF16=x.dtype == torch.bfloat16, SR=stochastic,
+                  WRITE_CODES=codes is not None, WRITE_PARTIAL=part is not None, WRITE_DEC=dec is not None,
+                  enable_fp_fusion=False)
+    args = (x, x.stride(0), x.stride(1), m, k)
+    outs = (codes if codes is not None else dummy, scales if scales is not None else dummy,
+            part if part is not None else dummy, part.stride(0) if part is not None else 0,
+            part.stride(1) if part is not None else 0, dec if dec is not None else dummy)
+    if use_slices(x, tile, rht, stochastic, four_over_six):
+        _slice_kernel[_slice_grid(m, k)](*args, amax, *outs, dummy, seed, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
+                                         num_warps=SLICE_TILE["num_warps"], AMAX_ONLY=False, **common)
+    else:
+        _quant_kernel[_grid(m, k)](*args, _signs(x.device), amax, *outs[:5], outs[5], seed, BM=TILE["BM"],
+                                   BK=TILE["BK"], num_warps=TILE["num_warps"], TILE2D=tile[0] == BLOCK,
+                                   FOS=FOS_CODES[four_over_six], **common)
+    return amax, scale_max
 
 
 def quantize(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=False, four_over_six=None,
              generator=None, amax: torch.Tensor | None = None) -> NVFP4Tensor:
-    amax, _, scale_max, codes, scales = _launch(x, tile, rht, stochastic, four_over_six, generator, amax,
-                                                True, None)
-    return NVFP4Tensor(codes=codes, scales=scales.view(torch.float8_e4m3fn), amax=amax, shape=tuple(x.shape),
+    m, k = x.shape
+    codes = torch.empty((m, k // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((m, k // BLOCK), dtype=torch.uint8, device=x.device)
+    amax, scale_max = _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, scales, None, None)
+    return NVFP4Tensor(codes=codes, scales=scales.view(torch.float8_e4m3fn), amax=amax.float(), shape=(m, k),
                        tile=tuple(tile), rht=rht, scale_max=scale_max)
 
 
@@ -306,5 +472,6 @@ def quantize_partial(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=Fal
                      generator=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(q * S_dec as bfloat16, in x's memory layout; 1 / S_enc as a float32 scalar)."""
     part = torch.empty_like(x, dtype=torch.bfloat16)  # same strides as x: a transposed view stays one
-    _, s_enc, _, _, _ = _launch(x, tile, rht, stochastic, four_over_six, generator, None, False, part)
-    return part, (1.0 / s_enc).reshape(())
+    dec = torch.empty((), dtype=torch.float32, device=x.device)
+    _launch(x, tile, rht, stochastic, four_over_six, generator, None, None, None, part, dec)
+    return part, dec
