@@ -149,6 +149,14 @@ if triton is not None:
         return tl.minimum(s, _FLT_MAX)
 
     @triton.jit
+    def _uniform16(seed, offs):
+        """Uniform [0, 1) numbers for a (BM, G, 16) tile from a quarter as many Philox calls: offs
+        (BM, G, 4) block-quarter counters, each call giving four numbers."""
+        a, b, c, d = tl.randint4x(seed, offs)
+        u = tl.join(tl.join(a, b), tl.join(c, d))  # (BM, G, 4, 2, 2)
+        return tl.random.uint_to_uniform_float(tl.reshape(u, (offs.shape[0], offs.shape[1], 16)))
+
+    @triton.jit
     def _candidate(xb, bamax, s_enc, seed, offs, mult, SR: tl.constexpr, FOS: tl.constexpr):
         """One choice of block scales: (E4M3 scales as float32, signed E2M1 values, codes)."""
         if FOS == 0:
@@ -157,7 +165,7 @@ if triton is not None:
             s_dec = _round_e4m3(tl.minimum(tl.math.div_rn(bamax, 6.0) * s_enc * mult, 448.0))
             enc = tl.minimum(tl.math.div_rn(1.0, s_dec * tl.math.div_rn(1.0, s_enc)), _FLT_MAX)
         if SR:
-            u = tl.rand(seed, offs)
+            u = _uniform16(seed, offs)
         else:
             u = 0.0
         val, code = _quant_elem(xb, enc[:, :, None], u, SR)
@@ -193,7 +201,8 @@ if triton is not None:
         s_enc = _encode_scale(amax_ptr, SCALE6)
         if WRITE_DEC:
             tl.store(dec_ptr, tl.math.div_rn(1.0, s_enc), mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0))
-        offs = tl.reshape((rm[:, None] * K + rk[None, :]).to(tl.int32), (BM, G, 16))
+        rq = tl.program_id(1).to(tl.int64) * (BK // 4) + tl.arange(0, BK // 4)
+        offs = tl.reshape((rm[:, None] * (K // 4) + rq[None, :]).to(tl.int32), (BM, G, 4))
         if FOS == 0:
             s_dec, val, code = _candidate(xb, bamax, s_enc, seed, offs, 1.0, SR, FOS)
         else:
@@ -406,13 +415,13 @@ def _slice_grid(m: int, k: int) -> tuple[int, int]:
 
 
 def use_slices(x: torch.Tensor, tile, rht: bool, stochastic: bool, four_over_six) -> bool:
-    """The slice kernel does 1x16 blocks without 4/6; it wins on strided views, the RHT and
-    stochastic rounding (bench/nvfp4_quant.py), the row-tile kernel on plain contiguous rows."""
+    """The slice kernel does 1x16 blocks without 4/6; it wins on strided views and the RHT, the
+    row-tile kernel on contiguous rows, stochastic rounding included (bench/nvfp4_quant.py)."""
     if tile != (1, BLOCK) or four_over_six is not None:
         return False
     if PREFER_SLICES is not None:
         return PREFER_SLICES
-    return x.stride(1) != 1 or rht or stochastic
+    return x.stride(1) != 1 or rht
 
 
 def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
