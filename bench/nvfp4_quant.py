@@ -27,6 +27,19 @@ def ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
+def graph_ms(fn, xs) -> float:
+    """Device time of fn per input: one call on each input captured in a CUDA graph, replays timed,
+    so Python and launch overhead between kernels drop out."""
+    for x in xs:
+        fn(x)  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in xs:
+            fn(x)
+    return ms(graph.replay) / len(xs)
+
+
 def sweep(xs) -> None:
     """Times quantize (1x16, amax given) and the RHT partial on a transposed view for each tile."""
     amax = triton_kernels.global_amax(xs[0], False)
@@ -102,30 +115,30 @@ def main() -> None:
     i = iter(range(10**9))
     copy_ms = ms(lambda: dst.copy_(xs[next(i) % 3]))
     copy_bw = 2 * xbytes / copy_ms / 1e9
-    rows = [("device copy (read + write)", copy_ms, 2 * xbytes)]
     amax = {r: triton_kernels.global_amax(x, r) for r in (False, True)}
+    calls = [("device copy (read + write)", lambda x: dst.copy_(x), 2 * xbytes)]
     for rht in (False, True):
         tag = "RHT" if rht else "no RHT"
-        rows.append((f"quantize 1x16, {tag}, amax pass included",
-                     ms(lambda rht=rht: triton_kernels.quantize(xs[next(i) % 3], rht=rht)), 2 * xbytes + codes_scales))
-        rows.append((f"quantize 1x16, {tag}, amax given",
-                     ms(lambda rht=rht: triton_kernels.quantize(xs[next(i) % 3], rht=rht, amax=amax[rht])),
-                     xbytes + codes_scales))
-        rows.append((f"amax pass only, {tag}", ms(lambda rht=rht: triton_kernels.global_amax(xs[next(i) % 3], rht)),
-                     xbytes))
-    rows.append(("quantize 16x16, no RHT, amax given",
-                 ms(lambda: triton_kernels.quantize(xs[next(i) % 3], tile=(16, 16), amax=amax[False])),
-                 xbytes + codes_scales))
-    rows.append(("partial (bf16 out), 1x16, amax pass included",
-                 ms(lambda: quantize_partial(xs[next(i) % 3])), 2 * xbytes + xbytes))
-    rows.append(("partial (bf16 out), transposed view, RHT",
-                 ms(lambda: quantize_partial(xs[next(i) % 3].t(), rht=True)), 2 * xbytes + xbytes))
+        calls += [
+            (f"quantize 1x16, {tag}, amax pass included", lambda x, r=rht: triton_kernels.quantize(x, rht=r),
+             2 * xbytes + codes_scales),
+            (f"quantize 1x16, {tag}, amax given", lambda x, r=rht: triton_kernels.quantize(x, rht=r, amax=amax[r]),
+             xbytes + codes_scales),
+            (f"amax pass only, {tag}", lambda x, r=rht: triton_kernels.global_amax(x, r), xbytes)]
+    calls += [
+        ("quantize 16x16, no RHT, amax given", lambda x: triton_kernels.quantize(x, tile=(16, 16), amax=amax[False]),
+         xbytes + codes_scales),
+        ("partial (bf16 out), 1x16, amax pass included", lambda x: quantize_partial(x), 3 * xbytes),
+        ("partial (bf16 out), transposed view, RHT", lambda x: quantize_partial(x.t(), rht=True), 3 * xbytes)]
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, {n}x{n} bf16")
-    print("| what | ms | GB moved | TB/s | of copy bw |")
-    print("|---|---|---|---|---|")
-    for name, t, nbytes in rows:
-        bw = nbytes / t / 1e9
-        print(f"| {name} | {t:.3f} | {nbytes / 1e9:.3f} | {bw:.2f} | {bw / copy_bw:.0%} |")
+    print(f"# copy bandwidth {copy_bw:.2f} TB/s; 'graph' times replay a CUDA graph of the call (device time only)")
+    print("| what | ms | graph ms | GB moved | TB/s (graph) | of copy bw (graph) |")
+    print("|---|---|---|---|---|---|")
+    for name, fn, nbytes in calls:
+        t = ms(lambda fn=fn: fn(xs[next(i) % 3]))
+        tg = graph_ms(fn, xs)
+        bw = nbytes / tg / 1e9
+        print(f"| {name} | {t:.3f} | {tg:.3f} | {nbytes / 1e9:.3f} | {bw:.2f} | {bw / copy_bw:.0%} |")
 
 
 if __name__ == "__main__":
