@@ -1,4 +1,7 @@
-"""A few NVFP4 quantize launches on an 8192x8192 bf16 tensor, for a profiler to read (ncu)."""
+"""A few NVFP4 quantize launches on an 8192x8192 bf16 tensor, for a profiler to read:
+
+    ncu --clock-control none -k regex:kernel --launch-skip 4 --launch-count 4 python3 bench/tools/quant_launches.py
+"""
 import torch
 
 from longlive_core.quant import triton_kernels
@@ -6,8 +9,10 @@ from longlive_core.quant.gemm import quantize_partial
 
 x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 amax = triton_kernels.global_amax(x, False)
-for _ in range(2):  # the first launch compiles
-    triton_kernels.quantize(x, amax=amax)
-    quantize_partial(x)
-    quantize_partial(x.t(), rht=True, stochastic=True)
+amax_rht = triton_kernels.global_amax(x, True)
+for _ in range(2):  # the first round compiles
+    triton_kernels.quantize(x, amax=amax)  # row-tile, codes
+    triton_kernels.quantize(x, rht=True, amax=amax_rht)  # slice kernel, codes, contiguous rows
+    quantize_partial(x)  # row-tile, partial (includes an amax pass: vector_norm)
+    quantize_partial(x.t(), rht=True, stochastic=True)  # slice, transposed (includes the RHT amax pass)
 torch.cuda.synchronize()
