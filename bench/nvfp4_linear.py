@@ -37,9 +37,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.tile_from:
         with open(args.tile_from) as f:
-            triton_kernels.TILE.update(json.load(f))
+            tiles = json.load(f)
+        triton_kernels.TILE.update(tiles["TILE"])
+        triton_kernels.SLICE_TILE.update(tiles["SLICE_TILE"])
     torch.manual_seed(0)
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, quantize tile {triton_kernels.TILE}")
+    tiles = f"{triton_kernels.TILE} {triton_kernels.SLICE_TILE}"
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, tiles {tiles}")
     print("| in -> out | tokens | bf16 ms | nvfp4 ms | ratio | nvfp4 fwd ms | bf16 fwd ms |")
     print("|---|---|---|---|---|---|---|")
     for k, n in SHAPES:

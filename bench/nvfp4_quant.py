@@ -40,6 +40,23 @@ def graph_ms(fn, xs) -> float:
     return ms(graph.replay) / len(xs)
 
 
+def slice_sweep(xs) -> None:
+    """Times the slice kernel's tile shapes on the two wgrad calls; keeps the fastest."""
+    results = []
+    print("| slice BM | G | warps | transposed RHT ms | transposed RHT SR ms |")
+    print("|---|---|---|---|---|")
+    for bm, g, warps in ((32, 4, 4), (64, 2, 4), (64, 4, 4), (128, 2, 4), (128, 4, 8), (256, 2, 8), (32, 8, 4)):
+        triton_kernels.SLICE_TILE.update(BM=bm, G=g, num_warps=warps)
+        j = iter(range(10**9))
+        a = ms(lambda j=j: quantize_partial(xs[next(j) % 3].t(), rht=True))
+        b = ms(lambda j=j: quantize_partial(xs[next(j) % 3].t(), rht=True, stochastic=True))
+        results.append((a + b, bm, g, warps))
+        print(f"| {bm} | {g} | {warps} | {a:.3f} | {b:.3f} |")
+    _, bm, g, warps = min(results)
+    triton_kernels.SLICE_TILE.update(BM=bm, G=g, num_warps=warps)
+    print(f"fastest slice tile: BM={bm} G={g} warps={warps}")
+
+
 def sweep(xs) -> None:
     """Times quantize (1x16, amax given) and the RHT partial on a transposed view for each tile."""
     amax = triton_kernels.global_amax(xs[0], False)
@@ -71,7 +88,9 @@ def compare_kernels(xs) -> None:
         "partial 1x16 SR (dgrad dy)": lambda x: quantize_partial(x, stochastic=True),
         "partial transposed RHT (wgrad x)": lambda x: quantize_partial(x.t(), rht=True),
         "partial transposed RHT SR (wgrad dy)": lambda x: quantize_partial(x.t(), rht=True, stochastic=True),
+        "codes 1x16 RHT, amax given (rows)": lambda x: triton_kernels.quantize(x, rht=True, amax=amax_rht),
     }
+    amax_rht = triton_kernels.global_amax(xs[0], True)
     print("| call | row-tile kernel ms | slice kernel ms | default picks |")
     print("|---|---|---|---|")
     for name, fn in cases.items():
@@ -97,12 +116,13 @@ def main() -> None:
     torch.manual_seed(0)
     xs = [torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(3)]  # rotate: no cache reuse
     x = xs[0]
-    compare_kernels(xs)
     if args.sweep:
         sweep(xs)
+        slice_sweep(xs)
         if args.best_out:
             with open(args.best_out, "w") as f:
-                json.dump(triton_kernels.TILE, f)
+                json.dump({"TILE": triton_kernels.TILE, "SLICE_TILE": triton_kernels.SLICE_TILE}, f)
+    compare_kernels(xs)
     for rht in (False, True):
         for tile in ((1, 16), (16, 16)):
             ref, got = quantize_torch(x, tile, rht), triton_kernels.quantize(x, tile, rht)

@@ -113,26 +113,30 @@ if triton is not None:
         return x, rm, rk, mask
 
     @triton.jit
-    def _e2m1_round(a, u, SR: tl.constexpr):
-        """|v| <= 6 -> its E2M1 magnitude: nearest, ties to even, or (SR) the upper neighbour with
-        probability equal to the fractional distance (u uniform in [0, 1)). Round to nearest adds and
-        subtracts 2^22, 2^23 or 2^24, whose float32 spacing (0.5, 1, 2) is E2M1's step in that range."""
+    def _e2m1(a, u, SR: tl.constexpr):
+        """|v| <= 6 -> (E2M1 magnitude, its code 0..7): nearest, ties to even, or (SR) the upper
+        neighbour with probability equal to the fractional distance (u uniform in [0, 1)).
+        Round to nearest adds c = 2^22, 2^23 or 2^24, whose float32 spacing (0.5, 1, 2) is E2M1's
+        step in that range; the code is then the number of steps above c plus 0, 2 or 4."""
         if SR:
             inv_step = tl.where(a < 2.0, 2.0, tl.where(a < 4.0, 1.0, 0.5))
             r = tl.minimum(tl.floor(a * inv_step + u) / inv_step, 6.0)
+            code = tl.where(r <= 2.0, r * 2.0, tl.where(r <= 4.0, r + 2.0, 7.0)).to(tl.int32)
         else:
-            r = tl.where(a < 2.0, (a + 4194304.0) - 4194304.0,
-                         tl.where(a < 4.0, (a + 8388608.0) - 8388608.0, (a + 16777216.0) - 16777216.0))
-        return r
+            c = tl.where(a < 2.0, 4194304.0, tl.where(a < 4.0, 8388608.0, 16777216.0))
+            t = a + c
+            cb = c.to(tl.int32, bitcast=True)
+            code = (t.to(tl.int32, bitcast=True) - cb) + ((cb - 0x4A800000) >> 22)
+            r = t - c
+        return r, code
 
     @triton.jit
     def _quant_elem(x, enc, u, SR: tl.constexpr):
-        """(signed E2M1 value, 4-bit code) of x * enc."""
-        v = tl.minimum(tl.maximum(x * enc, -6.0), 6.0)
-        r = _e2m1_round(tl.abs(v), u, SR)
-        neg = v < 0
-        code = tl.where(r <= 2.0, r * 2.0, tl.where(r <= 4.0, r + 2.0, 7.0)).to(tl.int32) + neg.to(tl.int32) * 8
-        return tl.where(neg, -r, r), code
+        """(signed E2M1 value, 4-bit code) of x * enc, clamped to +-6."""
+        y = x * enc
+        r, code = _e2m1(tl.minimum(tl.abs(y), 6.0), u, SR)
+        neg = y < 0
+        return tl.where(neg, -r, r), code + neg.to(tl.int32) * 8
 
     @triton.jit
     def _block_scales(bamax, s_enc):
