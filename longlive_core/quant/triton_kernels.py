@@ -387,7 +387,7 @@ if triton is not None:
 
 _SIGNS: dict[torch.device, torch.Tensor] = {}
 # tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
-TILE = {"BM": 32, "BK": 128, "num_warps": 8}
+TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
 PREFER_SLICES: bool | None = None  # None: use_slices decides; the bench forces either kernel
 
@@ -419,13 +419,13 @@ def _slice_grid(m: int, k: int) -> tuple[int, int]:
 
 
 def use_slices(x: torch.Tensor, tile, rht: bool, stochastic: bool, four_over_six) -> bool:
-    """The slice kernel does 1x16 blocks without 4/6; it wins on strided views and the RHT, the
-    row-tile kernel on contiguous rows, stochastic rounding included (bench/nvfp4_quant.py)."""
+    """The slice kernel does 1x16 blocks without 4/6; it wins on strided views (the wgrad operands),
+    the row-tile kernel on contiguous rows, with or without the RHT (bench/nvfp4_quant.py)."""
     if tile != (1, BLOCK) or four_over_six is not None:
         return False
     if PREFER_SLICES is not None:
         return PREFER_SLICES
-    return x.stride(1) != 1 or rht
+    return x.stride(1) != 1
 
 
 def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
