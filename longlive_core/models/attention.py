@@ -1,0 +1,64 @@
+"""Attention behind one small interface, with one mask definition for every backend.
+
+A mask is a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` written with tensor ops, so the
+same function builds a FlexAttention block mask on CUDA and a dense boolean mask for SDPA on the
+CPU (where FlexAttention has no backward in torch 2.14). ``attend(q, k, v, mask_mod)`` takes
+(B, heads, L, head_dim) tensors and picks the backend from the device.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def dense_mask(mask_mod: MaskMod, q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
+    """The (q_len, kv_len) boolean mask a mask_mod describes (True = attend)."""
+    q = torch.arange(q_len, device=device)[:, None]
+    kv = torch.arange(kv_len, device=device)[None, :]
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    return mask_mod(zero, zero, q, kv).expand(q_len, kv_len)
+
+
+def block_causal(tokens_per_frame: int, frames_per_block: int) -> MaskMod:
+    """Each token sees every token of its own block of frames and of the blocks before it."""
+    block = tokens_per_frame * frames_per_block
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx // block <= q_idx // block
+
+    return mask_mod
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import create_block_mask
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = create_block_mask(mask_mod, None, None, q.shape[2], k.shape[2], device=q.device)
+    return _compiled_flex()(q, k, v, block_mask=block_mask)
+
+
+def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
+    mask = None if mask_mod is None else dense_mask(mask_mod, q.shape[2], k.shape[2], q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None = None,
+           backend: str | None = None) -> torch.Tensor:
+    """Attention of (B, heads, L, head_dim) tensors; ``backend`` "flex" (CUDA default) or "sdpa"."""
+    backend = backend or ("flex" if q.is_cuda else "sdpa")
+    if backend == "flex":
+        return flex_attend(q, k, v, mask_mod)
+    if backend == "sdpa":
+        return sdpa_attend(q, k, v, mask_mod)
+    raise ValueError(f"attention backend must be 'flex' or 'sdpa'; got {backend!r}")

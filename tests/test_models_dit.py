@@ -1,0 +1,158 @@
+"""The Wan2.2 DiT: shapes for both configs, parity with Diffusers' WanTransformer3DModel, per-frame
+timesteps, both checkpoint layouts, and attention masks."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from longlive_core.models.attention import attend, block_causal, dense_mask
+from longlive_core.models.checkpoint import CheckpointError, load_dit, save_dit, to_wan_layout
+from longlive_core.models.config import dit_config
+from longlive_core.models.wan_dit import HIGH_PRECISION_MODULES, WanDiT
+
+TINY = dit_config("tiny")
+
+
+def diffusers_tiny():
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=TINY.num_heads, attention_head_dim=TINY.head_dim,
+        in_channels=TINY.in_channels, out_channels=TINY.out_channels, text_dim=TINY.text_dim,
+        freq_dim=TINY.freq_dim, ffn_dim=TINY.ffn_dim, num_layers=TINY.num_layers, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=TINY.eps).eval()
+
+
+def inputs(b=2, f=3, h=8, w=6):
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(b, TINY.in_channels, f, h, w, generator=g), torch.randn(b, 7, TINY.text_dim, generator=g))
+
+
+def test_shapes_and_dtypes_for_both_configs():
+    model = WanDiT(TINY)
+    latents, text = inputs()
+    out = model(latents, torch.tensor([10.0, 500.0]), text)
+    assert out.shape == latents.shape and out.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(latents, torch.tensor([10.0, 500.0]), text).shape == latents.shape
+    with torch.device("meta"):
+        big = WanDiT(dit_config("wan2.2-ti2v-5b"))
+    n = sum(p.numel() for p in big.parameters())
+    assert 4.9e9 < n < 5.1e9, n  # "5B"
+    assert big.blocks[0].self_attn.q.weight.shape == (3072, 3072) and big.blocks[0].ffn[0].weight.shape == (14336, 3072)
+    assert big.head.head.weight.shape == (48 * 4, 3072) and len(big.blocks) == 30
+    with pytest.raises(ValueError, match="unknown DiT config"):
+        dit_config("wan9")
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_matches_diffusers_wan_transformer(per_token):
+    ref = diffusers_tiny()
+    ours = WanDiT(TINY).eval()
+    ours.load_state_dict(to_wan_layout(ref.state_dict()), strict=True)
+    latents, text = inputs()
+    h, w = 8, 6
+    if per_token:  # Wan2.2 TI2V form: a timestep per token; ours takes one per latent frame
+        per_frame = torch.tensor([[0.0, 250.0, 999.0], [40.0, 40.0, 700.0]])
+        t_ref = per_frame.repeat_interleave((h // 2) * (w // 2), dim=1)
+        t_ours = per_frame
+    else:
+        t_ref = t_ours = torch.tensor([10.0, 500.0])
+    with torch.no_grad():
+        want = ref(latents, t_ref, text, return_dict=False)[0]
+        got = ours(latents, t_ours, text)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max(), (got - want).abs().max()
+
+
+def test_per_frame_timesteps_reduce_to_one_timestep():
+    model = WanDiT(TINY).eval()
+    latents, text = inputs()
+    with torch.no_grad():
+        one = model(latents, torch.tensor([300.0, 300.0]), text)
+        per_frame = model(latents, torch.full((2, 3), 300.0), text)
+        mixed = model(latents, torch.tensor([[0.0, 300.0, 300.0], [300.0, 300.0, 300.0]]), text)
+    assert torch.allclose(one, per_frame, atol=1e-6)
+    assert not torch.allclose(mixed[0], one[0], atol=1e-4) and torch.allclose(mixed[1], one[1], atol=1e-6)
+    with pytest.raises(ValueError, match="timesteps must be"):
+        model(latents, torch.zeros(2, 2), text)
+
+
+def test_block_causal_mask_makes_earlier_frames_independent_of_later_ones():
+    model = WanDiT(TINY).eval()
+    latents, text = inputs(b=1, f=4)
+    tokens = 4 * 3  # (8/2) x (6/2) per latent frame
+    mask = block_causal(tokens, frames_per_block=2)
+    changed = latents.clone()
+    changed[:, :, 2:] += 1.0  # only the second block of frames
+    with torch.no_grad():
+        a = model(latents, torch.tensor([100.0]), text, mask_mod=mask)
+        b = model(changed, torch.tensor([100.0]), text, mask_mod=mask)
+        full = model(changed, torch.tensor([100.0]), text)
+    assert torch.allclose(a[:, :, :2], b[:, :, :2], atol=1e-6)  # the first block never saw the change
+    assert not torch.allclose(a[:, :, :2], full[:, :, :2], atol=1e-4)
+
+
+def test_sdpa_with_the_dense_mask_matches_a_float64_softmax():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 12, 8, generator=g) for _ in range(3))
+    mask_mod = block_causal(3, 2)
+    dense = dense_mask(mask_mod, 12, 12, q.device)
+    assert dense.dtype == torch.bool and dense[0, 6:].sum() == 0 and dense[11].all()
+    logits = (q.double() @ k.double().transpose(-1, -2)) / 8**0.5
+    want = torch.softmax(logits.masked_fill(~dense, float("-inf")), -1) @ v.double()
+    assert torch.allclose(attend(q, k, v, mask_mod).double(), want, atol=1e-6)
+    with pytest.raises(ValueError, match="attention backend"):
+        attend(q, k, v, backend="xformers")
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+
+
+@needs_cuda
+def test_flex_and_sdpa_agree_on_the_same_mask_on_the_gpu():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 512, 64, device="cuda", generator=g) for _ in range(3))
+    mask_mod = block_causal(64, 2)
+    flex, sdpa = attend(q, k, v, mask_mod, backend="flex"), attend(q, k, v, mask_mod, backend="sdpa")
+    assert (flex - sdpa).abs().max() < 1e-3
+
+
+def test_both_checkpoint_layouts_round_trip(tmp_path):
+    ref = diffusers_tiny()
+    ref.save_pretrained(tmp_path / "diffusers", max_shard_size="20KB")  # sharded, with an index
+    assert len(list((tmp_path / "diffusers").glob("*.safetensors"))) > 1
+    from_diffusers = load_dit(tmp_path / "diffusers", TINY)
+    want = to_wan_layout(ref.state_dict())
+    assert all(torch.equal(from_diffusers.state_dict()[k], v) for k, v in want.items())
+    save_dit(from_diffusers, tmp_path / "wan", max_shard_bytes=40_000)
+    assert len(list((tmp_path / "wan").glob("*.safetensors"))) > 1
+    again = load_dit(tmp_path / "wan", TINY, dtype=torch.bfloat16)
+    assert all(torch.equal(again.state_dict()[k], v.bfloat16()) for k, v in want.items())
+    assert again.blocks[0].self_attn.q.weight.dtype == torch.bfloat16
+
+
+def test_missing_or_mismatched_weights_say_what_to_fix(tmp_path):
+    with pytest.raises(CheckpointError, match="no DiT weights at .*nowhere.*index.json"):
+        load_dit(tmp_path / "nowhere", TINY)
+    (tmp_path / "model.pt").write_bytes(b"not read")
+    with pytest.raises(CheckpointError, match="only .safetensors"):
+        load_dit(tmp_path / "model.pt", TINY)
+    save_dit(WanDiT(TINY), tmp_path / "tiny")
+    bigger = dataclasses.replace(TINY, ffn_dim=256)
+    with pytest.raises(CheckpointError, match=r"wrong shape: blocks.0.ffn.0.bias, blocks.0.ffn.0.weight, .*\(\+1"):
+        load_dit(tmp_path / "tiny", bigger)
+
+
+def test_high_precision_modules_are_what_quantization_skips():
+    from longlive_core.quant import convert_linears
+
+    model = WanDiT(TINY)
+    report = convert_linears(model, "nvfp4", skip=HIGH_PRECISION_MODULES, overrides={"backend": "torch"})
+    assert set(report.kept) == {"text_embedding.0", "text_embedding.2", "time_embedding.0", "time_embedding.2",
+                                "time_projection.1", "head.head"}
+    assert "blocks.0.self_attn.q" in report.converted and "blocks.1.ffn.2" in report.converted
+    latents, text = inputs(b=1)
+    assert model(latents, torch.tensor([5.0]), text).shape == latents.shape
