@@ -16,7 +16,8 @@ TINY = dit_config("tiny")
 
 
 def diffusers_tiny():
-    from diffusers import WanTransformer3DModel
+    # diffusers is a dependency here; the GPU image lacks it, and there these tests skip
+    WanTransformer3DModel = pytest.importorskip("diffusers").WanTransformer3DModel
 
     torch.manual_seed(0)
     return WanTransformer3DModel(

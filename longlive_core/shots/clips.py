@@ -21,11 +21,17 @@ import numpy as np
 
 from longlive_core.io.atomic import TMP_PREFIX
 
+# Clip timestamps keep the source's, relative to the shot's first frame, in this time base: a
+# variable-frame-rate source stays one, so the latent stage can resample by timestamps.
+CLIP_TIME_BASE = Fraction(1, 90000)
+# Bumped when what a clip holds changes (2: source timing and display rotation kept).
+CLIP_FORMAT = 2
+
 
 class ClipEncoder:
-    """Streams frames into an in-memory MP4."""
+    """Streams frames into an in-memory MP4, keeping their relative timing and the display rotation."""
 
-    def __init__(self, width: int, height: int, fps: float, crf: int, preset: str):
+    def __init__(self, width: int, height: int, fps: float, crf: int, preset: str, rotation: int = 0):
         self.buf = io.BytesIO()
         self.fps = Fraction(fps).limit_denominator(1001 * 1000)
         self.container = av.open(self.buf, mode="w", format="mp4")
@@ -34,14 +40,22 @@ class ClipEncoder:
         self.stream.pix_fmt = "yuv420p"
         self.stream.codec_context.options = {"crf": str(crf), "preset": preset, "threads": "1",
                                              "x264-params": "log-level=warning"}
-        self.stream.codec_context.time_base = 1 / self.fps
+        self.stream.codec_context.time_base = CLIP_TIME_BASE
+        self.stream.time_base = CLIP_TIME_BASE
+        if rotation:
+            self.stream.set_display_rotation(rotation)
         self.n = 0
+        self.t0: float | None = None
+        self.last_pts = -1
 
     def add(self, frame: av.VideoFrame) -> None:
         if frame.format.name != "yuv420p":
             frame = frame.reformat(format="yuv420p")
         out = av.VideoFrame.from_ndarray(frame.to_ndarray(format="yuv420p"), format="yuv420p")
-        out.pts, out.time_base = self.n, 1 / self.fps
+        t = frame.time if frame.time is not None else self.n / float(self.fps)
+        self.t0 = t if self.t0 is None else self.t0
+        pts = max(round((t - self.t0) / CLIP_TIME_BASE), self.last_pts + 1)  # strictly increasing
+        out.pts, out.time_base, self.last_pts = pts, CLIP_TIME_BASE, pts
         for packet in self.stream.encode(out):
             self.container.mux(packet)
         self.n += 1
@@ -69,7 +83,9 @@ def cut_clips(path: str | Path, spans: dict[int, tuple[int, int]], fps: float, c
         for frame in container.decode(stream):
             if current is None and index in starts:
                 key = starts[index]
-                current = (key, spans[key][1], ClipEncoder(frame.width, frame.height, fps, crf, preset))
+                encoder = ClipEncoder(frame.width, frame.height, fps, crf, preset,
+                                      rotation=int(round(getattr(frame, "rotation", 0) or 0)) % 360)
+                current = (key, spans[key][1], encoder)
             if current is not None:
                 current[2].add(frame)
                 if index + 1 == current[1]:
@@ -140,3 +156,13 @@ def iter_clip_frames(data: bytes, fmt: str = "rgb24") -> Iterator[np.ndarray]:
     with av.open(io.BytesIO(data)) as container:
         for frame in container.decode(video=0):
             yield frame.to_ndarray(format=fmt)
+
+
+def iter_timed_frames(source: bytes | str | Path) -> Iterator[tuple[np.ndarray, float, int]]:
+    """(8-bit RGB frame as stored, time in seconds, display rotation in degrees) of a clip's bytes or a
+    video file; any pixel format (10-bit, 4:2:2 ...) is converted to 8-bit RGB by swscale."""
+    av.logging.set_libav_level(av.logging.ERROR)
+    with av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
+        for i, frame in enumerate(container.decode(video=0)):
+            t = frame.time if frame.time is not None else float(i)
+            yield frame.to_ndarray(format="rgb24"), t, int(round(getattr(frame, "rotation", 0) or 0)) % 360

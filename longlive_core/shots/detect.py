@@ -9,6 +9,7 @@ import cv2
 import numpy as np
 
 from longlive_core.config import ConfigError
+from longlive_core.shots.clips import CLIP_FORMAT
 
 # Bump when detect_cuts or the clip encoding changes what they produce: earlier results are redone.
 DETECT_VERSION = 2
@@ -46,7 +47,7 @@ class ShotsConfig:
         """What earlier detections and clips depend on: these params and the detection code's version."""
         keep = ("detector", "adaptive_threshold", "window_width", "min_content_val", "content_threshold",
                 "min_scene_len", "downscale", "min_shot_s", "max_shot_s", "clip_crf", "clip_preset")
-        return {"detect_version": DETECT_VERSION, **{k: getattr(self, k) for k in keep}}
+        return {"detect_version": DETECT_VERSION, "clip_format": CLIP_FORMAT, **{k: getattr(self, k) for k in keep}}
 
 
 def make_detector(cfg: ShotsConfig):
