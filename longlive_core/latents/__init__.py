@@ -1,0 +1,1 @@
+"""The latent cache: Balanced-SP chunk-halo VAE encoding (``halo``)."""
