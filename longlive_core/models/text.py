@@ -1,0 +1,82 @@
+"""The text encoder: umT5-XXL through transformers from a local directory, or a tiny random one.
+
+Captions become (max_length, dim) embeddings, zero past the caption's own tokens (Wan's
+convention: the DiT sees the padded length, the padding carries nothing). The tiny encoder's
+tokenizer is byte-level (UTF-8 bytes + 3), so the demo needs no downloaded vocabulary.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from longlive_core.models.checkpoint import CheckpointError
+
+PAD, EOS, BYTE_OFFSET = 0, 1, 3
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids (offset past pad/eos/unk); truncates, appends EOS, pads."""
+
+    vocab_size = 256 + BYTE_OFFSET
+
+    def __call__(self, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.full((len(texts), max_length), PAD, dtype=torch.long)
+        for i, text in enumerate(texts):
+            tokens = [b + BYTE_OFFSET for b in text.encode("utf-8")][: max_length - 1] + [EOS]
+            ids[i, : len(tokens)] = torch.tensor(tokens)
+        return ids, (ids != PAD).long()
+
+
+class HFTokenizer:
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+
+    def __call__(self, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.tok(texts, max_length=max_length, padding="max_length", truncation=True,
+                       add_special_tokens=True, return_tensors="pt")
+        return out.input_ids, out.attention_mask
+
+
+@dataclasses.dataclass
+class TextEncoder:
+    model: torch.nn.Module
+    tokenizer: object
+    max_length: int
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.d_model
+
+    @torch.no_grad()
+    def encode(self, captions: list[str]) -> torch.Tensor:
+        """(len(captions), max_length, dim) float32, zero past each caption's tokens."""
+        device = next(self.model.parameters()).device
+        ids, mask = self.tokenizer(captions, self.max_length)
+        ids, mask = ids.to(device), mask.to(device)
+        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        return hidden * mask[..., None]
+
+
+def tiny_text_encoder(dim: int = 32, max_length: int = 64, seed: int = 0) -> TextEncoder:
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(seed)
+    cfg = UMT5Config(vocab_size=ByteTokenizer.vocab_size, d_model=dim, d_kv=8, d_ff=2 * dim, num_layers=2,
+                     num_heads=max(1, dim // 8), relative_attention_num_buckets=8, dropout_rate=0.0)
+    return TextEncoder(UMT5EncoderModel(cfg).eval(), ByteTokenizer(), max_length)
+
+
+def load_text_encoder(path: str | Path, max_length: int = 512, dtype: torch.dtype = torch.float32) -> TextEncoder:
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    path = Path(path)
+    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+        raise CheckpointError(
+            f"no umT5 encoder at {path}: put google/umt5-xxl's encoder there in the transformers layout "
+            "(config.json, *.safetensors and the tokenizer files; the text_encoder/ and tokenizer/ folders of "
+            "Wan-AI/Wan2.2-TI2V-5B-Diffusers merged), or point the text encoder path in params.yaml at it")
+    model = UMT5EncoderModel.from_pretrained(path, local_files_only=True, use_safetensors=True, torch_dtype=dtype)
+    return TextEncoder(model.eval(), HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True)),
+                       max_length)
