@@ -21,6 +21,8 @@ def setup_logging(level: int = logging.INFO) -> None:
     # Third-party libraries log every request at INFO; keep the stage's own lines readable.
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "alembic", "mlflow", "pyscenedetect"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # diffusers imports bitsandbytes, which warns on every CPU import that an optional kernel is absent
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 
 class Progress:

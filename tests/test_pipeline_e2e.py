@@ -155,3 +155,50 @@ def test_dvc_repro_assemble_matches_captions_and_splits_by_video(repo_copy):
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     run_id = report(repo, "assemble")["mlflow_run_id"]
     assert "curation/index.md" in {a.path for a in client.list_artifacts(run_id, "curation")}
+
+
+def read_shards(directory):
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted(directory.glob("shard-*.safetensors")):
+        tensors.update(load_file(f))
+    return tensors
+
+
+def test_dvc_repro_encode_latents_and_two_ranks_agree_with_one(repo_copy):
+    repo = repo_copy
+    run([sys.executable, "-m", "dvc", "repro", "encode_latents"], repo)
+    samples = pd.read_parquet(repo / "data/samples/samples.parquet")
+    index = pd.read_parquet(repo / "data/latents/index.parquet")
+    assert len(index) == sum(len(s) for s in samples["shot_indices"])  # one row per shot of every sample
+    tensors = read_shards(repo / "data/latents/shards")
+    assert len(tensors) == 2 * len(index)
+    for s in samples.itertuples(index=False):
+        rows = index[index["sample_id"] == s.sample_id].sort_values("shot")
+        assert list(rows["shot_index"]) == list(s.shot_indices) and list(rows["caption"]) == list(s.captions)
+        for r in rows.itertuples(index=False):
+            z, text = tensors[r.latents_key], tensors[r.text_key]
+            assert (r.num_frames - 1) % 4 == 0 and list(z.shape) == [48, 1 + (r.num_frames - 1) // 4, 4, 8]
+            assert list(r.latent_shape) == list(z.shape) and text.shape == (64, 32)
+            assert (text[len(r.caption.encode()) + 1:] == 0).all()  # zero past the caption's bytes + EOS
+    rep = report(repo, "encode_latents")
+    assert rep["samples_encoded"] == len(samples) and rep["samples_failed"] == 0 and rep["halo"] == 28
+    assert pd.read_parquet(repo / "data/latents/failed.parquet").empty
+
+    # a rerun encodes nothing new
+    run([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "encode_latents"], repo)
+    assert (report(repo, "encode_latents")["samples_encoded"], report(repo, "encode_latents")["samples_reused"]) == (
+        0, len(samples))
+
+    # the same data on two ranks (torchrun, gloo): the same latents
+    params = (repo / "params.yaml").read_text()
+    (repo / "params.yaml").write_text(params.replace("  sp: 1  ", "  sp: 2  "))
+    for p in (repo / "data/latents/shards").glob("*"):
+        p.unlink()
+    (repo / "data/latents/index.parquet").unlink()
+    run([sys.executable, "-m", "dvc", "repro", "encode_latents"], repo)
+    two = read_shards(repo / "data/latents/shards")
+    assert report(repo, "encode_latents")["ranks"] == 2 and two.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert (two[k] - v).abs().max() <= 1e-5 * max(1.0, v.abs().max().item()), k

@@ -1,0 +1,288 @@
+"""The latent cache: every shot of every selected sample -> normalised VAE latents + caption embeddings.
+
+Single process, or P ranks under torchrun (``sp = P``): every rank decodes and normalises the shot,
+encodes only its chunk (plus halo) of the latent frames, and sends the chunk to rank 0, which
+assembles the shot's latents, embeds the caption and writes the shards. A shot whose decode or
+normalisation fails is reported, and its sample skipped (a sample's shots stay consecutive).
+
+Output: ``shards/shard-NNNNN.safetensors`` (tensors ``<sample_id>/<k>/latents`` and
+``<sample_id>/<k>/text`` for the sample's k-th shot), an index (one row per shot) and the failed
+samples. Samples already in the index under the same encode settings are not redone; a shard is
+recorded in the index only once it is written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from safetensors.torch import save_file
+
+from longlive_core.config import ConfigError
+from longlive_core.io.atomic import TMP_PREFIX, atomic_path, write_parquet
+from longlive_core.latents.halo import Chunk, plan_chunks, receptive_field_latents
+from longlive_core.models.text import load_text_encoder, tiny_text_encoder
+from longlive_core.models.vae import TEMPORAL_STRIDE, build_vae, encode_video, frames_to_input, load_vae
+from longlive_core.progress import Progress
+from longlive_core.shots.clips import iter_timed_frames, read_clip
+from longlive_core.video.normalize import ClipFormat, ClipRejected, normalize_clip
+
+log = logging.getLogger(__name__)
+
+INDEX_COLUMNS = ["sample_id", "shot", "video_id", "shot_index", "shard", "latents_key", "text_key", "latent_shape",
+                 "num_frames", "caption", "split", "encode_key"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeLatentsConfig:
+    vae: str = "tiny"  # "tiny", or a local Diffusers vae/ directory
+    text_encoder: str = "tiny"  # "tiny", or a local umT5 encoder directory
+    text_max_length: int = 512
+    clip: ClipFormat = ClipFormat()
+    halo: int | None = None  # latent frames of context per chunk; None: the VAE's receptive field
+    sp: int = 1  # ranks; >1 runs under torchrun
+    split: str = "all"  # all | train | val
+    max_samples: int = 0  # 0: every selected sample
+    shard_max_mb: float = 256.0
+    device: str = "auto"  # auto | cpu | cuda
+
+    def validate(self, where: str) -> None:
+        self.clip.validate(f"{where}.clip")
+        if self.split not in ("all", "train", "val"):
+            raise ConfigError(f"{where}.split must be all, train or val; got {self.split!r}")
+        if self.sp < 1:
+            raise ConfigError(f"{where}.sp must be at least 1; got {self.sp}")
+        if self.clip.temporal_stride != TEMPORAL_STRIDE:
+            raise ConfigError(f"{where}.clip.temporal_stride must be the VAE's, {TEMPORAL_STRIDE}")
+        if self.clip.height % 32 or self.clip.width % 32:
+            raise ConfigError(f"{where}.clip height and width must be multiples of 32 (VAE stride 16, DiT patch 2)")
+
+    def encode_key(self) -> str:
+        """What the stored latents depend on; a change re-encodes everything."""
+        c = self.clip
+        return (f"vae={self.vae};text={self.text_encoder}:{self.text_max_length};fps={c.fps};{c.height}x{c.width};"
+                f"fit={c.fit};halo={self.halo}")
+
+
+@dataclasses.dataclass
+class Comm:
+    """This process's place among the ranks (rank 0 of 1 without torchrun)."""
+
+    rank: int = 0
+    world: int = 1
+
+    def exchange(self, mine: torch.Tensor, chunks: list[Chunk], like: torch.Tensor) -> torch.Tensor | None:
+        """Rank 0 gets every chunk's latents, in order, concatenated along frames; others get None."""
+        if self.world == 1:
+            return mine
+        import torch.distributed as dist
+
+        if self.rank != 0:
+            dist.send(mine.contiguous(), dst=0)
+            return None
+        parts = [mine]
+        for c in chunks[1:]:
+            buf = torch.empty((like.shape[0], c.latent_end - c.latent_start, *like.shape[2:]), dtype=like.dtype)
+            dist.recv(buf, src=c.rank)
+            parts.append(buf)
+        return torch.cat(parts, dim=1)
+
+    def agree(self, ok: bool) -> bool:
+        """True only if every rank's ``ok`` is (a failure anywhere skips the sample everywhere)."""
+        if self.world == 1:
+            return ok
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if ok else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def make_models(cfg: EncodeLatentsConfig, device: torch.device):
+    torch.manual_seed(0)  # the tiny models' random weights are the same on every rank and every run
+    vae = build_vae("tiny") if cfg.vae == "tiny" else load_vae(cfg.vae)
+    if cfg.text_encoder == "tiny":
+        text = tiny_text_encoder(dim=32, max_length=cfg.text_max_length)
+    else:
+        text = load_text_encoder(cfg.text_encoder, max_length=cfg.text_max_length)
+    text.model.to(device)
+    return vae.to(device), text
+
+
+class ShardSink:
+    """Collects tensors and writes them as safetensors shards, each only when complete."""
+
+    def __init__(self, directory: Path, max_bytes: int):
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        numbers = [int(p.stem.split("-")[1]) for p in self.dir.glob("shard-*.safetensors")]
+        self.next = max(numbers, default=-1) + 1
+        self.max_bytes = max_bytes
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.rows: list[dict] = []
+        self.size = 0
+
+    @property
+    def name(self) -> str:
+        return f"shard-{self.next:05d}.safetensors"
+
+    def add(self, tensors: dict[str, torch.Tensor], rows: list[dict]) -> None:
+        for row in rows:
+            row["shard"] = self.name
+        self.tensors.update({k: v.contiguous().cpu() for k, v in tensors.items()})
+        self.rows.extend(rows)
+        self.size += sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def flush(self) -> list[dict]:
+        """Writes the open shard; returns its rows (now safe to record)."""
+        if not self.tensors:
+            return []
+        with atomic_path(self.dir / self.name) as tmp:
+            save_file(self.tensors, os.fspath(tmp))
+        rows, self.tensors, self.rows, self.size = self.rows, {}, [], 0
+        self.next += 1
+        return rows
+
+
+def select_samples(samples: pd.DataFrame, cfg: EncodeLatentsConfig) -> pd.DataFrame:
+    picked = samples if cfg.split == "all" else samples[samples["split"] == cfg.split]
+    picked = picked.sort_values("sample_id")
+    return picked.head(cfg.max_samples) if cfg.max_samples else picked
+
+
+def load_index(path: Path, key: str) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame(columns=INDEX_COLUMNS)
+    index = pd.read_parquet(path)
+    return index[index["encode_key"] == key].reset_index(drop=True)
+
+
+def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, shard_dir: Path, index_path: Path,
+                   failed_path: Path, cfg: EncodeLatentsConfig, comm: Comm) -> dict:
+    """Encodes what is new; rank 0 writes the shards, the index and the failures; returns counts."""
+    device = pick_device(cfg.device)
+    vae, text = make_models(cfg, device)
+    halo = cfg.halo if cfg.halo is not None else receptive_field_latents(vae)
+    key = cfg.encode_key() + f";halo_used={halo}"
+    done = load_index(index_path, key) if comm.rank == 0 else pd.DataFrame(columns=INDEX_COLUMNS)
+    if comm.world > 1:  # every rank must walk the same list of samples
+        import torch.distributed as dist
+
+        holder = [sorted(set(done["sample_id"]))]
+        dist.broadcast_object_list(holder, src=0)  # a list of strings made by rank 0 of this same job
+        done_ids = set(holder[0])
+    else:
+        done_ids = set(done["sample_id"])
+    if comm.rank == 0:
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        for stale in shard_dir.glob(f"{TMP_PREFIX}*"):
+            stale.unlink()
+    todo = select_samples(samples, cfg)
+    todo = todo[~todo["sample_id"].isin(done_ids)]
+    shot_rows = shots.set_index(["video_id", "shot_index"])
+    sink = ShardSink(shard_dir, int(cfg.shard_max_mb * 1024 * 1024)) if comm.rank == 0 else None
+    new_rows: list[dict] = []
+    failed: list[dict] = []
+    counts = {"samples_selected": int(len(select_samples(samples, cfg))), "samples_reused": len(done_ids),
+              "samples_encoded": 0, "samples_failed": 0, "shots_encoded": 0, "frames_encoded": 0,
+              "latents_kept": 0, "latents_encoded": 0, "latents_encoded_max_rank": 0, "frames_trimmed": 0,
+              "frames_repeated": 0, "frames_dropped": 0, "rotated_shots": 0, "portrait_shots": 0, "halo": halo,
+              "ranks": comm.world}
+    progress = Progress(log, "encode_latents", len(todo), "samples") if comm.rank == 0 else None
+    start = time.perf_counter()
+    for sample in todo.itertuples(index=False):
+        captions = list(sample.captions) if sample.captions is not None else [""] * len(sample.shot_indices)
+        tensors, rows, reason = {}, [], None
+        for k, shot_index in enumerate(sample.shot_indices):
+            clip = None
+            try:  # one shot at a time: a long shot's frames are large
+                shot = shot_rows.loc[(sample.video_id, int(shot_index))]
+                clip = normalize_clip(iter_timed_frames(read_clip(clips_dir, shot.clip_shard, shot.clip_member)),
+                                      cfg.clip)
+            except (ClipRejected, KeyError, OSError, ValueError) as exc:  # PyAV's errors are OSError/ValueError
+                reason = f"shot {k} (shot_index {shot_index}): {type(exc).__name__}: {exc}"
+            if not comm.agree(clip is not None):
+                reason = reason or f"shot {k} (shot_index {shot_index}) failed on another rank"
+                break
+            z = encode_shot(vae, clip, halo, comm, device, counts)
+            if comm.rank == 0:
+                lkey, tkey = f"{sample.sample_id}/{k}/latents", f"{sample.sample_id}/{k}/text"
+                tensors[lkey] = z
+                rows.append({"sample_id": sample.sample_id, "shot": k, "video_id": sample.video_id,
+                             "shot_index": int(shot_index), "latents_key": lkey, "text_key": tkey,
+                             "latent_shape": list(z.shape), "num_frames": int(clip.counts["frames"]),
+                             "caption": captions[k], "split": sample.split, "encode_key": key})
+        if reason is not None:
+            counts["samples_failed"] += 1
+            if comm.rank == 0:
+                log.warning("%s: skipped: %s", sample.sample_id, reason)
+                failed.append({"sample_id": sample.sample_id, "video_id": sample.video_id, "reason": reason})
+                progress.advance()
+            continue
+        counts["samples_encoded"] += 1
+        counts["shots_encoded"] += len(rows) if comm.rank == 0 else len(sample.shot_indices)
+        if comm.rank == 0:
+            for row, embed in zip(rows, text.encode(captions)):
+                tensors[row["text_key"]] = embed
+            sink.add(tensors, rows)
+            progress.advance()
+            if sink.size >= sink.max_bytes:
+                new_rows += sink.flush()
+                _write_index(index_path, done, new_rows)
+    elapsed = time.perf_counter() - start
+    if comm.rank != 0:
+        return counts
+    new_rows += sink.flush()
+    _write_index(index_path, done, new_rows)
+    write_parquet(pd.DataFrame(failed, columns=["sample_id", "video_id", "reason"]), failed_path)
+    counts["frames_per_s"] = round(counts["frames_encoded"] / max(elapsed, 1e-9), 3)
+    counts["halo_overhead"] = round(counts["latents_encoded"] / max(counts["latents_kept"], 1), 4)
+    counts["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    if device.type == "cuda":
+        counts["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return counts
+
+
+def encode_shot(vae, clip, halo: int, comm: Comm, device: torch.device, counts: dict) -> torch.Tensor | None:
+    """This rank's chunk of one normalised shot, assembled on rank 0 (None elsewhere)."""
+    video = frames_to_input(clip.frames, device)
+    n_lat = 1 + (video.shape[2] - 1) // TEMPORAL_STRIDE
+    chunks = plan_chunks(n_lat, min(comm.world, n_lat), halo)  # a shot shorter than P latents: fewer ranks
+    counts["latents_kept"] += n_lat
+    counts["latents_encoded"] += sum(c.encoded_latents for c in chunks)
+    counts["latents_encoded_max_rank"] += max(c.encoded_latents for c in chunks)
+    counts["frames_encoded"] += clip.counts["frames"]
+    for name, value in (("frames_trimmed", "trimmed_frames"), ("frames_repeated", "repeated_frames"),
+                        ("frames_dropped", "dropped_source_frames"), ("rotated_shots", "rotated"),
+                        ("portrait_shots", "portrait")):
+        counts[name] += clip.counts[value]
+    if comm.rank >= len(chunks):
+        return None
+    c = chunks[comm.rank]
+    z = encode_video(vae, video[:, :, c.raw_start:c.raw_end])[:, c.drop:].float().cpu()
+    return z if len(chunks) == 1 else comm.exchange(z, chunks, z)
+
+
+def _write_index(path: Path, done: pd.DataFrame, new_rows: list[dict]) -> None:
+    index = pd.concat([done, pd.DataFrame(new_rows, columns=INDEX_COLUMNS)], ignore_index=True)
+    write_parquet(index.sort_values(["sample_id", "shot"]).reset_index(drop=True), path)
+
+
+def latents_array(shard_dir: Path, row) -> np.ndarray:
+    """One shot's latents back from its shard (for readers and tests)."""
+    from safetensors import safe_open
+
+    with safe_open(shard_dir / row.shard, framework="pt") as f:
+        return f.get_tensor(row.latents_key).numpy()

@@ -1,0 +1,86 @@
+"""DVC stage `encode_latents`: every selected sample's shots -> VAE latents and caption embeddings in
+safetensors shards under data/latents/shards/, with data/latents/index.parquet (one row per shot)
+and data/latents/failed.parquet. With encode_latents.sp = P > 1 the module re-launches itself under
+torchrun with P ranks (gloo on the CPU, NCCL on GPUs): Balanced-SP chunk-halo encoding."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from longlive_core.config import ConfigError, load_params, stage_config
+from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
+from longlive_core.progress import setup_logging
+from longlive_core.tracking.lineage import digest_file
+from tasks.assemble import SAMPLES
+from tasks.shots import CLIPS, SHOTS
+from tasks.stage import run_stage
+
+OUT = Path("data/latents")
+SHARDS = OUT / "shards"
+INDEX = OUT / "index.parquet"
+FAILED = OUT / "failed.parquet"
+
+
+def config(params) -> EncodeLatentsConfig:
+    return stage_config(EncodeLatentsConfig, "encode_latents", params)
+
+
+def encode(cfg: EncodeLatentsConfig, comm: Comm) -> dict:
+    return encode_samples(pd.read_parquet(SAMPLES), pd.read_parquet(SHOTS), CLIPS, SHARDS, INDEX, FAILED, cfg, comm)
+
+
+def body(params, run, comm: Comm):
+    cfg = config(params)
+    run.set_tags({"input.samples.sha256": digest_file(SAMPLES), "input.shots.sha256": digest_file(SHOTS)})
+    counts = encode(cfg, comm)
+    run.log_metrics(counts)
+    run.log_artifact(INDEX)
+    run.log_artifact(FAILED)
+    return counts
+
+
+def one_line(s) -> str:
+    return (f"{s['samples_encoded']} samples encoded ({s['shots_encoded']} shots, {s['frames_encoded']} frames, "
+            f"{s['frames_per_s']} frames/s), {s['samples_reused']} reused, {s['samples_failed']} failed; "
+            f"{s['ranks']} rank(s), halo {s['halo']}, encoded/kept latents {s['halo_overhead']}")
+
+
+def main() -> None:
+    setup_logging()
+    try:
+        cfg = config(load_params())
+    except ConfigError as exc:
+        print(f"encode_latents: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if cfg.sp > 1 and "RANK" not in os.environ:  # re-launch as P ranks
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.sp}",
+               "-m", "tasks.encode_latents"]
+        os.execvp(cmd[0], cmd)
+    comm = Comm()
+    if "RANK" in os.environ:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if cfg.device != "cpu" and torch.cuda.is_available() else "gloo")
+        comm = Comm(dist.get_rank(), dist.get_world_size())
+        if comm.world != cfg.sp:
+            raise ConfigError(f"encode_latents.sp is {cfg.sp} but torchrun started {comm.world} ranks")
+    try:
+        if comm.rank == 0:
+            code = run_stage("encode_latents", lambda params, run: body(params, run, comm), one_line)
+        else:
+            encode(cfg, comm)
+            code = 0
+    finally:
+        if comm.world > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
