@@ -55,3 +55,25 @@ def test_missing_vae_weights_name_the_path(tmp_path):
         load_vae(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="1 \\+ 4k"):
         encode_video(build_vae("tiny"), torch.zeros(1, 3, 6, 32, 32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_torchrun_ranks_assemble_the_full_encode(tmp_path, ranks):
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from tests.conftest import REPO, cli_env
+
+    out = tmp_path / "z.safetensors"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+           "-m", "tests.helpers.sp_encode", str(out), "28"]
+    proc = subprocess.run(cmd, cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    z = load_file(out)
+    assert z["chunked"].shape == z["full"].shape == (48, 81, 2, 2)
+    assert (z["chunked"] - z["full"]).abs().max() <= 1e-5 * z["full"].abs().max()
+    assert int(z["max_rank"]) < 81  # no rank encoded the whole shot: O(F/P + h)
