@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from longlive_core.config import ConfigError, from_mapping
 from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
@@ -19,7 +21,8 @@ def clip_bytes(tmp_path, n: int, seed: int) -> bytes:
     return path.read_bytes()
 
 
-def test_a_failing_shot_skips_its_sample_and_the_rest_are_encoded(tmp_path):
+@pytest.mark.parametrize("store_dtype", ["float32", "bfloat16"])
+def test_a_failing_shot_skips_its_sample_and_the_rest_are_encoded(tmp_path, store_dtype):
     clips = tmp_path / "clips"
     writer = ShardWriter(clips, 1 << 30)
     shard = writer.add("v1/0000.mp4", clip_bytes(tmp_path, 17, 1))
@@ -30,8 +33,8 @@ def test_a_failing_shot_skips_its_sample_and_the_rest_are_encoded(tmp_path):
                           "clip_member": ["v1/0000.mp4", "v1/0001.mp4", "v2/0000.mp4"]})
     samples = pd.DataFrame({"sample_id": ["a", "b"], "video_id": ["v1", "v2"], "shot_indices": [[0, 1], [0]],
                             "captions": [["one", "two"], ["broken"]], "split": ["train", "val"]})
-    cfg = from_mapping(EncodeLatentsConfig, {"clip": {"height": 32, "width": 32}, "text_max_length": 16},
-                       "encode_latents")
+    cfg = from_mapping(EncodeLatentsConfig, {"clip": {"height": 32, "width": 32}, "text_max_length": 16,
+                                             "store_dtype": store_dtype}, "encode_latents")
     out = tmp_path / "latents"
     counts = encode_samples(samples, shots, clips, out / "shards", out / "index.parquet", out / "failed.parquet",
                             cfg, Comm())
@@ -42,6 +45,8 @@ def test_a_failing_shot_skips_its_sample_and_the_rest_are_encoded(tmp_path):
     assert list(index["sample_id"]) == ["a", "a"] and [list(s) for s in index["latent_shape"]] == [
         [48, 5, 2, 2], [48, 3, 2, 2]]  # 17 frames -> 5 latents, 9 -> 3
     assert [p.name for p in (out / "shards").iterdir()] == ["shard-00000.safetensors"]
+    stored = load_file(out / "shards" / "shard-00000.safetensors")
+    assert {t.dtype for t in stored.values()} == {getattr(torch, store_dtype)} and len(stored) == 4
     again = encode_samples(samples, shots, clips, out / "shards", out / "index.parquet", out / "failed.parquet",
                            cfg, Comm())
     assert (again["samples_encoded"], again["samples_reused"], again["samples_failed"]) == (0, 1, 1)
