@@ -1,7 +1,8 @@
 """DVC stage `encode_latents`: every selected sample's shots -> VAE latents and caption embeddings in
 safetensors shards under data/latents/shards/, with data/latents/index.parquet (one row per shot)
 and data/latents/failed.parquet. With encode_latents.sp = P > 1 the module re-launches itself under
-torchrun with P ranks (gloo on the CPU, NCCL on GPUs): Balanced-SP chunk-halo encoding."""
+torchrun with P ranks (each encodes on its own device; they exchange through gloo): Balanced-SP
+chunk-halo encoding."""
 from __future__ import annotations
 
 import os
@@ -61,10 +62,11 @@ def main() -> None:
         os.execvp(cmd[0], cmd)
     comm = Comm()
     if "RANK" in os.environ:
-        import torch
         import torch.distributed as dist
 
-        dist.init_process_group("nccl" if cfg.device != "cpu" and torch.cuda.is_available() else "gloo")
+        # gloo even on GPUs: what the ranks exchange (chunk latents, flags, the done list) is small and
+        # lives on the CPU, which NCCL cannot send
+        dist.init_process_group("gloo")
         comm = Comm(dist.get_rank(), dist.get_world_size())
         if comm.world != cfg.sp:
             raise ConfigError(f"encode_latents.sp is {cfg.sp} but torchrun started {comm.world} ranks")

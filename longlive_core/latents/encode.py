@@ -108,8 +108,11 @@ class Comm:
 
 
 def pick_device(name: str) -> torch.device:
+    """auto: CUDA when there is one. Under torchrun each rank takes its own GPU (LOCAL_RANK)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device(name)
 
 
