@@ -16,9 +16,12 @@ import dataclasses
 import logging
 import os
 import resource
+import tarfile
 import time
 from pathlib import Path
 
+import av
+import cv2
 import numpy as np
 import pandas as pd
 import torch
@@ -218,7 +221,7 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
                 shot = shot_rows.loc[(sample.video_id, int(shot_index))]
                 clip = normalize_clip(iter_timed_frames(read_clip(clips_dir, shot.clip_shard, shot.clip_member)),
                                       cfg.clip)
-            except (ClipRejected, KeyError, OSError, ValueError) as exc:  # PyAV's errors are OSError/ValueError
+            except (ClipRejected, KeyError, OSError, ValueError, av.FFmpegError, tarfile.TarError, cv2.error) as exc:
                 reason = f"shot {k} (shot_index {shot_index}): {type(exc).__name__}: {exc}"
             if not comm.agree(clip is not None):
                 reason = reason or f"shot {k} (shot_index {shot_index}) failed on another rank"

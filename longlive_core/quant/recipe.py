@@ -26,7 +26,7 @@ RECIPES: dict[str, NVFP4Recipe | None] = {
     "nvfp4": NVFP4Recipe(),
     "nvfp4-4over6": NVFP4Recipe(four_over_six="mse"),
 }
-DEFAULT_SKIP = ("*embed*", "*patch_embedding*", "*head*", "*norm*")
+DEFAULT_SKIP = ("*embed*", "*patch_embedding*", "*time_projection*", "*head*", "*norm*")
 
 
 @dataclasses.dataclass
