@@ -22,7 +22,6 @@ from pathlib import Path
 
 import av
 import cv2
-import numpy as np
 import pandas as pd
 import torch
 from safetensors.torch import save_file
@@ -289,10 +288,3 @@ def _write_index(path: Path, done: pd.DataFrame, new_rows: list[dict]) -> None:
     index = pd.concat([done, pd.DataFrame(new_rows, columns=INDEX_COLUMNS)], ignore_index=True)
     write_parquet(index.sort_values(["sample_id", "shot"]).reset_index(drop=True), path)
 
-
-def latents_array(shard_dir: Path, row) -> np.ndarray:
-    """One shot's latents back from its shard (for readers and tests)."""
-    from safetensors import safe_open
-
-    with safe_open(shard_dir / row.shard, framework="pt") as f:
-        return f.get_tensor(row.latents_key).numpy()

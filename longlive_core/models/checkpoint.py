@@ -72,6 +72,12 @@ def _missing_weights(path: Path) -> CheckpointError:
         "or point the model path in params.yaml at where they are")
 
 
+def require_pretrained_dir(path: Path, what: str, how: str) -> None:
+    """A from_pretrained folder must hold config.json and safetensors weights; else say what to put there."""
+    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
+        raise CheckpointError(f"no {what} at {path}: {how}, or point its path in params.yaml at where it is")
+
+
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a .safetensors file, or of a directory's shards (through its index when it has one)."""
     path = Path(path)

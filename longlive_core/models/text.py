@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from longlive_core.models.checkpoint import CheckpointError
+from longlive_core.models.checkpoint import require_pretrained_dir
 
 PAD, EOS, BYTE_OFFSET = 0, 1, 3
 
@@ -72,11 +72,9 @@ def load_text_encoder(path: str | Path, max_length: int = 512, dtype: torch.dtyp
     from transformers import AutoTokenizer, UMT5EncoderModel
 
     path = Path(path)
-    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
-        raise CheckpointError(
-            f"no umT5 encoder at {path}: put google/umt5-xxl's encoder there in the transformers layout "
-            "(config.json, *.safetensors and the tokenizer files; the text_encoder/ and tokenizer/ folders of "
-            "Wan-AI/Wan2.2-TI2V-5B-Diffusers merged), or point the text encoder path in params.yaml at it")
+    require_pretrained_dir(path, "umT5 encoder", "put google/umt5-xxl's encoder there in the transformers layout "
+                           "(config.json, *.safetensors and the tokenizer files; the text_encoder/ and tokenizer/ "
+                           "folders of Wan-AI/Wan2.2-TI2V-5B-Diffusers merged)")
     model = UMT5EncoderModel.from_pretrained(path, local_files_only=True, use_safetensors=True, torch_dtype=dtype)
     return TextEncoder(model.eval(), HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True)),
                        max_length)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longlive_core.models.checkpoint import CheckpointError
+from longlive_core.models.checkpoint import require_pretrained_dir
 
 _WAN22 = dict(z_dim=48, is_residual=True, in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16,
               scale_factor_temporal=4, dim_mult=[1, 2, 4, 4], num_res_blocks=2, temperal_downsample=[False, True, True],
@@ -39,11 +39,8 @@ def load_vae(path: str | Path):
     from diffusers import AutoencoderKLWan
 
     path = Path(path)
-    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
-        raise CheckpointError(
-            f"no VAE at {path}: put the Wan2.2 VAE there in the Diffusers layout (config.json and "
-            "diffusion_pytorch_model.safetensors, the vae/ folder of Wan-AI/Wan2.2-TI2V-5B-Diffusers), "
-            "or point the VAE path in params.yaml at where it is")
+    require_pretrained_dir(path, "VAE", "put the Wan2.2 VAE there in the Diffusers layout (config.json and "
+                           "diffusion_pytorch_model.safetensors, the vae/ folder of Wan-AI/Wan2.2-TI2V-5B-Diffusers)")
     return AutoencoderKLWan.from_pretrained(path, use_safetensors=True, local_files_only=True).eval()
 
 
