@@ -39,6 +39,9 @@ def test_shapes_and_dtypes_for_both_configs():
     assert out.shape == latents.shape and out.dtype == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model(latents, torch.tensor([10.0, 500.0]), text).shape == latents.shape
+    bf16 = WanDiT(TINY).to(torch.bfloat16)  # bf16 parameters (how training and benchmarks run it)
+    out = bf16(latents.bfloat16(), torch.tensor([10.0, 500.0]), text.bfloat16())
+    assert out.dtype == torch.bfloat16 and out.shape == latents.shape and out.isfinite().all()
     with torch.device("meta"):
         big = WanDiT(dit_config("wan2.2-ti2v-5b"))
     n = sum(p.numel() for p in big.parameters())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from longlive_core.models.attention import MaskMod, attend
@@ -34,6 +35,16 @@ def timestep_sinusoids(t: torch.Tensor, dim: int) -> torch.Tensor:
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x (B, F, S, dim) float32 with per-frame shift/scale (B, F, dim)."""
     return x * (1 + scale[:, :, None]) + shift[:, :, None]
+
+
+class FP32LayerNorm(nn.LayerNorm):
+    """LayerNorm in float32 whatever the dtype of its input and parameters (a bf16 model keeps
+    float32 normalisation, as Wan does); returns float32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
 
 
 class Attention(nn.Module):
@@ -60,11 +71,11 @@ class Block(nn.Module):
     def __init__(self, cfg: DiTConfig):
         super().__init__()
         d = cfg.dim
-        self.norm1 = nn.LayerNorm(d, eps=cfg.eps, elementwise_affine=False)
+        self.norm1 = FP32LayerNorm(d, eps=cfg.eps, elementwise_affine=False)
         self.self_attn = Attention(d, cfg.num_heads, cfg.eps)
-        self.norm3 = nn.LayerNorm(d, eps=cfg.eps)  # before cross-attention (Wan's naming)
+        self.norm3 = FP32LayerNorm(d, eps=cfg.eps)  # before cross-attention (Wan's naming)
         self.cross_attn = Attention(d, cfg.num_heads, cfg.eps)
-        self.norm2 = nn.LayerNorm(d, eps=cfg.eps, elementwise_affine=False)
+        self.norm2 = FP32LayerNorm(d, eps=cfg.eps, elementwise_affine=False)
         self.ffn = nn.Sequential(nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d))
         self.modulation = nn.Parameter(torch.randn(1, 6, d) / d**0.5)
 
@@ -76,11 +87,11 @@ class Block(nn.Module):
         def per_frame(h):
             return h.float().view(b, frames, n // frames, d)
 
-        h = modulate(per_frame(self.norm1(x.float())), shift, scale).view(b, n, d).type_as(x)
+        h = modulate(per_frame(self.norm1(x)), shift, scale).view(b, n, d).type_as(x)
         h = self.self_attn(h, rope=rope, mask_mod=mask_mod, attention_fn=attention_fn)
         x = (per_frame(x) + per_frame(h) * gate[:, :, None]).view(b, n, d).type_as(x)
-        x = x + self.cross_attn(self.norm3(x.float()).type_as(x), context, attention_fn=attention_fn)
-        h = modulate(per_frame(self.norm2(x.float())), c_shift, c_scale).view(b, n, d).type_as(x)
+        x = x + self.cross_attn(self.norm3(x).type_as(x), context, attention_fn=attention_fn)
+        h = modulate(per_frame(self.norm2(x)), c_shift, c_scale).view(b, n, d).type_as(x)
         h = self.ffn(h)
         return (per_frame(x) + per_frame(h) * c_gate[:, :, None]).view(b, n, d).type_as(x)
 
@@ -88,14 +99,14 @@ class Block(nn.Module):
 class Head(nn.Module):
     def __init__(self, cfg: DiTConfig):
         super().__init__()
-        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.eps, elementwise_affine=False)
+        self.norm = FP32LayerNorm(cfg.dim, eps=cfg.eps, elementwise_affine=False)
         self.head = nn.Linear(cfg.dim, cfg.out_channels * math.prod(cfg.patch_size))
         self.modulation = nn.Parameter(torch.randn(1, 2, cfg.dim) / cfg.dim**0.5)
 
     def forward(self, x: torch.Tensor, t_emb: torch.Tensor, frames: int) -> torch.Tensor:
         b, n, d = x.shape
         shift, scale = (self.modulation[:, None] + t_emb[:, :, None]).unbind(2)
-        h = modulate(self.norm(x.float()).view(b, frames, n // frames, d), shift, scale)
+        h = modulate(self.norm(x).view(b, frames, n // frames, d), shift, scale)
         return self.head(h.view(b, n, d).type_as(x))
 
 
