@@ -21,18 +21,26 @@ def clip_bytes(tmp_path, n: int, seed: int) -> bytes:
     return path.read_bytes()
 
 
-@pytest.mark.parametrize("store_dtype", ["float32", "bfloat16"])
-def test_a_failing_shot_skips_its_sample_and_the_rest_are_encoded(tmp_path, store_dtype):
+def make_inputs(tmp_path):
+    """Two samples: "a" (two good shots of v1) and "b" (v2's one shot, not a video)."""
     clips = tmp_path / "clips"
     writer = ShardWriter(clips, 1 << 30)
     shard = writer.add("v1/0000.mp4", clip_bytes(tmp_path, 17, 1))
     writer.add("v1/0001.mp4", clip_bytes(tmp_path, 9, 2))
     writer.add("v2/0000.mp4", b"not a video")
+    writer.add("v1/0000-recut.mp4", clip_bytes(tmp_path, 13, 3))
     writer.close()
     shots = pd.DataFrame({"video_id": ["v1", "v1", "v2"], "shot_index": [0, 1, 0], "clip_shard": [shard] * 3,
-                          "clip_member": ["v1/0000.mp4", "v1/0001.mp4", "v2/0000.mp4"]})
+                          "clip_member": ["v1/0000.mp4", "v1/0001.mp4", "v2/0000.mp4"],
+                          "start_frame": [0, 17, 0], "end_frame": [17, 26, 9]})
     samples = pd.DataFrame({"sample_id": ["a", "b"], "video_id": ["v1", "v2"], "shot_indices": [[0, 1], [0]],
                             "captions": [["one", "two"], ["broken"]], "split": ["train", "val"]})
+    return clips, shots, samples
+
+
+@pytest.mark.parametrize("store_dtype", ["float32", "bfloat16"])
+def test_a_failing_shot_skips_its_sample_and_the_rest_are_encoded(tmp_path, store_dtype):
+    clips, shots, samples = make_inputs(tmp_path)
     cfg = from_mapping(EncodeLatentsConfig, {"clip": {"height": 32, "width": 32}, "text_max_length": 16,
                                              "store_dtype": store_dtype}, "encode_latents")
     out = tmp_path / "latents"
@@ -57,3 +65,54 @@ def test_encode_params_are_checked():
         from_mapping(EncodeLatentsConfig, {"clip": {"height": 48, "width": 64}}, "encode_latents")
     with pytest.raises(ConfigError, match="split must be"):
         from_mapping(EncodeLatentsConfig, {"split": "test"}, "encode_latents")
+
+
+def test_a_rerun_redoes_what_changed_and_drops_what_left(tmp_path):
+    clips, shots, samples = make_inputs(tmp_path)
+    samples = samples[samples["sample_id"] == "a"].reset_index(drop=True)
+    cfg = from_mapping(EncodeLatentsConfig, {"clip": {"height": 32, "width": 32}, "text_max_length": 16},
+                       "encode_latents")
+    out = tmp_path / "latents"
+
+    def run(samples, shots):
+        counts = encode_samples(samples, shots, clips, out / "shards", out / "index.parquet",
+                                out / "failed.parquet", cfg, Comm())
+        return counts, pd.read_parquet(out / "index.parquet")
+
+    first, index = run(samples, shots)
+    assert first["samples_encoded"] == 1 and list(index["caption"]) == ["one", "two"]
+    # a changed split is metadata: the latents stay, the index follows (no val rows left in train)
+    moved = samples.assign(split=["val"])
+    counts, index = run(moved, shots)
+    assert (counts["samples_encoded"], counts["samples_reused"]) == (0, 1) and set(index["split"]) == {"val"}
+    # an edited caption re-embeds the sample; the shard only it used is deleted
+    edited = moved.assign(captions=[["one", "changed"]])
+    counts, index = run(edited, shots)
+    assert (counts["samples_encoded"], counts["samples_stale"], counts["shards_removed"]) == (1, 1, 1)
+    assert list(index["caption"]) == ["one", "changed"]
+    assert sorted(p.name for p in (out / "shards").iterdir()) == list(index["shard"].unique())
+    # a re-cut clip (another member, another frame range) re-encodes with the new frames
+    recut = shots.copy()
+    recut.loc[0, ["clip_member", "end_frame"]] = ["v1/0000-recut.mp4", 13]
+    counts, index = run(edited, recut)
+    assert counts["samples_encoded"] == 1 and list(index["latent_shape"][0]) == [48, 4, 2, 2]  # 13 frames -> 4
+    # a sample that left the selection leaves the index, and its shard goes
+    counts, index = run(edited.iloc[:0], recut)
+    assert counts["samples_dropped"] == 1 and index.empty and not list((out / "shards").iterdir())
+
+
+def test_weights_identity_follows_the_files(tmp_path):
+    import os
+
+    from longlive_core.models.checkpoint import CheckpointError, weights_identity
+
+    assert weights_identity("tiny") == "tiny"
+    (tmp_path / "vae").mkdir()
+    weights = tmp_path / "vae" / "model.safetensors"
+    weights.write_bytes(b"x" * 10)
+    first = weights_identity(tmp_path / "vae")
+    assert weights_identity(tmp_path / "vae") == first
+    os.utime(weights, ns=(1, 1))  # new weights copied over the old ones
+    assert weights_identity(tmp_path / "vae") != first
+    with pytest.raises(CheckpointError, match="no weights at"):
+        weights_identity(tmp_path / "missing")

@@ -7,8 +7,11 @@ normalisation fails is reported, and its sample skipped (a sample's shots stay c
 
 Output: ``shards/shard-NNNNN.safetensors`` (tensors ``<sample_id>/<k>/latents`` and
 ``<sample_id>/<k>/text`` for the sample's k-th shot), an index (one row per shot) and the failed
-samples. Samples already in the index under the same encode settings are not redone; a shard is
-recorded in the index only once it is written.
+samples. Each sample's index rows carry a fingerprint of what its tensors were made from (its shots'
+clips and frame ranges, its captions, the encode settings and the model weights' identity): a rerun
+keeps the samples whose fingerprint still matches, re-encodes those whose inputs changed, drops the
+rows of samples no longer selected, refreshes the split column, and deletes shards no row refers
+to. A shard is recorded in the index only once it is written.
 """
 from __future__ import annotations
 
@@ -29,16 +32,18 @@ from safetensors.torch import save_file
 from longlive_core.config import ConfigError
 from longlive_core.io.atomic import TMP_PREFIX, atomic_path, write_parquet
 from longlive_core.latents.halo import Chunk, plan_chunks, receptive_field_latents
+from longlive_core.models.checkpoint import weights_identity
 from longlive_core.models.text import load_text_encoder, tiny_text_encoder
 from longlive_core.models.vae import TEMPORAL_STRIDE, build_vae, encode_video, frames_to_input, load_vae
 from longlive_core.progress import Progress
 from longlive_core.shots.clips import iter_timed_frames, read_clip
+from longlive_core.tracking.lineage import digest_json
 from longlive_core.video.normalize import ClipFormat, ClipRejected, normalize_clip
 
 log = logging.getLogger(__name__)
 
 INDEX_COLUMNS = ["sample_id", "shot", "video_id", "shot_index", "shard", "latents_key", "text_key", "latent_shape",
-                 "num_frames", "caption", "split", "encode_key"]
+                 "num_frames", "caption", "split", "encode_key", "fingerprint"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,11 +175,49 @@ def select_samples(samples: pd.DataFrame, cfg: EncodeLatentsConfig) -> pd.DataFr
     return picked.head(cfg.max_samples) if cfg.max_samples else picked
 
 
-def load_index(path: Path, key: str) -> pd.DataFrame:
+def sample_fingerprints(picked: pd.DataFrame, shot_rows: pd.DataFrame, key: str) -> dict[str, str]:
+    """sample_id -> digest of everything its stored tensors depend on (the split is not: it is metadata)."""
+    out = {}
+    for sample in picked.itertuples(index=False):
+        shots = []
+        for shot_index in sample.shot_indices:
+            try:
+                row = shot_rows.loc[(sample.video_id, int(shot_index))]
+                shots.append([row.clip_shard, row.clip_member, int(row.start_frame), int(row.end_frame)])
+            except KeyError:
+                shots.append(None)  # fails at encode time and is reported there
+        captions = list(sample.captions) if sample.captions is not None else None
+        out[sample.sample_id] = digest_json([key, shots, captions])
+    return out
+
+
+def load_index(path: Path) -> pd.DataFrame:
     if not path.exists():
         return pd.DataFrame(columns=INDEX_COLUMNS)
     index = pd.read_parquet(path)
-    return index[index["encode_key"] == key].reset_index(drop=True)
+    for column in INDEX_COLUMNS:  # indexes written before a column existed: their rows will not match
+        if column not in index:
+            index[column] = None
+    return index[INDEX_COLUMNS]
+
+
+def reusable_rows(index: pd.DataFrame, picked: pd.DataFrame, fingerprints: dict[str, str]) -> pd.DataFrame:
+    """The index rows still valid for the selected samples, with today's split."""
+    current = index["sample_id"].map(fingerprints)
+    keep = index[current.notna() & (index["fingerprint"] == current)].copy()
+    keep["split"] = keep["sample_id"].map(picked.set_index("sample_id")["split"])
+    return keep.reset_index(drop=True)
+
+
+def remove_unreferenced_shards(shard_dir: Path, index: pd.DataFrame) -> int:
+    """Shards no index row points at (every sample in them was redone or dropped) are deleted."""
+    used = set(index["shard"])
+    removed = 0
+    for shard in shard_dir.glob("shard-*.safetensors"):
+        if shard.name not in used:
+            shard.unlink()
+            removed += 1
+    return removed
 
 
 def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, shard_dir: Path, index_path: Path,
@@ -184,8 +227,18 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
     vae, text = make_models(cfg, device)
     halo = cfg.halo if cfg.halo is not None else receptive_field_latents(vae)
     store = getattr(torch, cfg.store_dtype)
-    key = cfg.encode_key() + f";halo_used={halo}"
-    done = load_index(index_path, key) if comm.rank == 0 else pd.DataFrame(columns=INDEX_COLUMNS)
+    key = (cfg.encode_key() + f";halo_used={halo};vae_weights={weights_identity(cfg.vae)}"
+           f";text_weights={weights_identity(cfg.text_encoder)}")
+    picked = select_samples(samples, cfg)
+    shot_rows = shots.set_index(["video_id", "shot_index"])
+    fingerprints = sample_fingerprints(picked, shot_rows, key)
+    done = pd.DataFrame(columns=INDEX_COLUMNS)
+    stale = 0
+    if comm.rank == 0:
+        previous = load_index(index_path)
+        done = reusable_rows(previous, picked, fingerprints)
+        stale = previous.loc[previous["sample_id"].isin(fingerprints), "sample_id"].nunique() - done["sample_id"].nunique()
+        dropped = previous.loc[~previous["sample_id"].isin(fingerprints), "sample_id"].nunique()
     if comm.world > 1:  # every rank must walk the same list of samples
         import torch.distributed as dist
 
@@ -198,13 +251,11 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
         shard_dir.mkdir(parents=True, exist_ok=True)
         for stale in shard_dir.glob(f"{TMP_PREFIX}*"):
             stale.unlink()
-    todo = select_samples(samples, cfg)
-    todo = todo[~todo["sample_id"].isin(done_ids)]
-    shot_rows = shots.set_index(["video_id", "shot_index"])
+    todo = picked[~picked["sample_id"].isin(done_ids)]
     sink = ShardSink(shard_dir, int(cfg.shard_max_mb * 1024 * 1024)) if comm.rank == 0 else None
     new_rows: list[dict] = []
     failed: list[dict] = []
-    counts = {"samples_selected": int(len(select_samples(samples, cfg))), "samples_reused": len(done_ids),
+    counts = {"samples_selected": int(len(picked)), "samples_reused": len(done_ids),
               "samples_encoded": 0, "samples_failed": 0, "shots_encoded": 0, "frames_encoded": 0,
               "latents_kept": 0, "latents_encoded": 0, "latents_encoded_max_rank": 0, "frames_trimmed": 0,
               "frames_repeated": 0, "frames_dropped": 0, "rotated_shots": 0, "portrait_shots": 0, "halo": halo,
@@ -232,7 +283,8 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
                 rows.append({"sample_id": sample.sample_id, "shot": k, "video_id": sample.video_id,
                              "shot_index": int(shot_index), "latents_key": lkey, "text_key": tkey,
                              "latent_shape": list(z.shape), "num_frames": int(clip.counts["frames"]),
-                             "caption": captions[k], "split": sample.split, "encode_key": key})
+                             "caption": captions[k], "split": sample.split, "encode_key": key,
+                             "fingerprint": fingerprints[sample.sample_id]})
         if reason is not None:
             counts["samples_failed"] += 1
             if comm.rank == 0:
@@ -254,7 +306,9 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
     if comm.rank != 0:
         return counts
     new_rows += sink.flush()
-    _write_index(index_path, done, new_rows)
+    index = _write_index(index_path, done, new_rows)
+    counts["samples_stale"], counts["samples_dropped"] = int(stale), int(dropped)
+    counts["shards_removed"] = remove_unreferenced_shards(shard_dir, index)
     write_parquet(pd.DataFrame(failed, columns=["sample_id", "video_id", "reason"]), failed_path)
     counts["frames_per_s"] = round(counts["frames_encoded"] / max(elapsed, 1e-9), 3)
     counts["halo_overhead"] = round(counts["latents_encoded"] / max(counts["latents_kept"], 1), 4)
@@ -284,7 +338,9 @@ def encode_shot(vae, clip, halo: int, comm: Comm, device: torch.device, counts: 
     return z if len(chunks) == 1 else comm.exchange(z, chunks, z)
 
 
-def _write_index(path: Path, done: pd.DataFrame, new_rows: list[dict]) -> None:
+def _write_index(path: Path, done: pd.DataFrame, new_rows: list[dict]) -> pd.DataFrame:
     index = pd.concat([done, pd.DataFrame(new_rows, columns=INDEX_COLUMNS)], ignore_index=True)
-    write_parquet(index.sort_values(["sample_id", "shot"]).reset_index(drop=True), path)
+    index = index.sort_values(["sample_id", "shot"]).reset_index(drop=True)
+    write_parquet(index, path)
+    return index
 
