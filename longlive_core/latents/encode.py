@@ -237,8 +237,9 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
     if comm.rank == 0:
         previous = load_index(index_path)
         done = reusable_rows(previous, picked, fingerprints)
-        stale = previous.loc[previous["sample_id"].isin(fingerprints), "sample_id"].nunique() - done["sample_id"].nunique()
-        dropped = previous.loc[~previous["sample_id"].isin(fingerprints), "sample_id"].nunique()
+        selected = previous["sample_id"].isin(fingerprints)
+        stale = previous.loc[selected, "sample_id"].nunique() - done["sample_id"].nunique()
+        dropped = previous.loc[~selected, "sample_id"].nunique()
     if comm.world > 1:  # every rank must walk the same list of samples
         import torch.distributed as dist
 
