@@ -66,6 +66,26 @@ def check_configs(device: str, m: int, k: int) -> None:
     rmse = lambda d: (d - x).square().mean().sqrt()  # noqa: E731
     assert rmse(draws.mean(0)) < rmse(rne) / 4
     assert rmse(draws[:50].mean(0)) < rmse(rne)
+    if device == "cuda":  # a generator on the GPU seeds the kernel too
+        triton_kernels.quantize(x, stochastic=True, generator=torch.Generator(device).manual_seed(5))
+    check_edge_inputs(device)
+
+
+def check_edge_inputs(device: str) -> None:
+    """No rows: empty outputs as on the torch path; a wrong shape: the same message as there."""
+    empty = torch.zeros(0, 32, device=device)
+    assert same_bits(quantize_torch(empty), triton_kernels.quantize(empty))
+    part, dec = triton_kernels.quantize_partial(empty)
+    ref_part, ref_dec = quantize_partial(empty, backend="torch")
+    assert part.shape == ref_part.shape and torch.equal(dec.cpu(), ref_dec.cpu())
+    for bad in (torch.zeros(2, 3, 32, device=device), torch.zeros(4, 24, device=device)):
+        for fn in (triton_kernels.quantize, triton_kernels.quantize_partial):
+            try:
+                fn(bad)
+            except ValueError as exc:
+                assert "quantize_nvfp4 takes a 2-D" in str(exc) or "multiple of 16" in str(exc), exc
+            else:
+                raise AssertionError(f"{fn.__name__} accepted shape {tuple(bad.shape)}")
 
 
 def check_emulated_linear(device: str = "cuda") -> None:

@@ -450,9 +450,15 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
     if four_over_six not in FOS_CODES:
         raise ValueError(f"four_over_six must be None, 'mse' or 'mae'; got {four_over_six!r}")
     m, k = x.shape
-    amax = global_amax(x, rht) if amax is None else amax.reshape(())
     scale_max = FOUR_OVER_SIX_E4M3_MAX if four_over_six else E4M3_MAX
-    seed = int(torch.randint(0, 2**31 - 2, (1,), generator=generator).item()) if stochastic else 0
+    if m * k == 0:  # nothing to launch; amax 0 and decode scale 1, as the torch path gives
+        if dec is not None:
+            dec.fill_(1.0)
+        return torch.zeros((), dtype=torch.float32, device=x.device) if amax is None else amax.reshape(()), scale_max
+    amax = global_amax(x, rht) if amax is None else amax.reshape(())
+    # drawn where the generator lives (a CUDA generator cannot fill a CPU tensor)
+    seed = int(torch.randint(0, 2**31 - 2, (1,), generator=generator,
+                             device=generator.device if generator is not None else "cpu").item()) if stochastic else 0
     dummy = amax
     common = dict(SCALE6=scale_max * 6.0, RHT=rht, IS_BF16=x.dtype == torch.bfloat16, SR=stochastic,
                   WRITE_CODES=codes is not None, WRITE_PARTIAL=part is not None, WRITE_DEC=dec is not None,
@@ -473,6 +479,7 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
 
 def quantize(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=False, four_over_six=None,
              generator=None, amax: torch.Tensor | None = None) -> NVFP4Tensor:
+    check_input(x, tile)
     m, k = x.shape
     codes = torch.empty((m, k // 2), dtype=torch.uint8, device=x.device)
     scales = torch.empty((m, k // BLOCK), dtype=torch.uint8, device=x.device)
@@ -484,6 +491,7 @@ def quantize(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=False, four
 def quantize_partial(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=False, four_over_six=None,
                      generator=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(q * S_dec as bfloat16, in x's memory layout; 1 / S_enc as a float32 scalar)."""
+    check_input(x, tile)
     part = torch.empty_like(x, dtype=torch.bfloat16)  # same strides as x: a transposed view stays one
     dec = torch.empty((), dtype=torch.float32, device=x.device)
     _launch(x, tile, rht, stochastic, four_over_six, generator, None, None, None, part, dec)
