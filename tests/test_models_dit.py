@@ -144,10 +144,44 @@ def test_missing_or_mismatched_weights_say_what_to_fix(tmp_path):
     (tmp_path / "model.pt").write_bytes(b"not read")
     with pytest.raises(CheckpointError, match="only .safetensors"):
         load_dit(tmp_path / "model.pt", TINY)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(CheckpointError, match="is not a weight index"):
+        load_dit(tmp_path / "broken", TINY)
     save_dit(WanDiT(TINY), tmp_path / "tiny")
     bigger = dataclasses.replace(TINY, ffn_dim=256)
     with pytest.raises(CheckpointError, match=r"wrong shape: blocks.0.ffn.0.bias, blocks.0.ffn.0.weight, .*\(\+1"):
         load_dit(tmp_path / "tiny", bigger)
+
+
+def test_save_dit_replaces_a_checkpoint_whole_or_not_at_all(tmp_path, monkeypatch):
+    from longlive_core.models import checkpoint
+
+    torch.manual_seed(0)
+    old, new = WanDiT(TINY), WanDiT(TINY)
+    save_dit(old, tmp_path / "ckpt", max_shard_bytes=40_000)
+    calls = []
+
+    def crash_on_second_shard(tensors, path):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return save_file(tensors, path)
+
+    from safetensors.torch import save_file
+    monkeypatch.setattr(checkpoint, "save_file", crash_on_second_shard)
+    with pytest.raises(OSError, match="disk full"):
+        save_dit(new, tmp_path / "ckpt", max_shard_bytes=40_000)
+    monkeypatch.undo()
+    kept = load_dit(tmp_path / "ckpt", TINY).state_dict()  # the old checkpoint, untouched
+    assert all(torch.equal(kept[k], v) for k, v in old.state_dict().items())
+    save_dit(new, tmp_path / "ckpt")  # one shard now: the old shards go with the old index
+    assert len(list((tmp_path / "ckpt").glob("*.safetensors"))) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no staging folders left
+    assert all(torch.equal(load_dit(tmp_path / "ckpt", TINY).state_dict()[k], v) for k, v in new.state_dict().items())
+    (tmp_path / "ckpt" / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="holds other files \\(notes.txt\\)"):
+        save_dit(new, tmp_path / "ckpt")
 
 
 def test_high_precision_modules_are_what_quantization_skips():

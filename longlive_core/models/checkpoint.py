@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from longlive_core.io.atomic import atomic_path, write_json
+from longlive_core.io.atomic import TMP_PREFIX, atomic_path, write_json
 from longlive_core.models.config import DiTConfig
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.tracking.lineage import digest_lines
@@ -109,7 +110,10 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     if len(indexes) > 1:
         raise CheckpointError(f"{path} has several weight indexes ({', '.join(p.name for p in indexes)}); keep one")
     if indexes:
-        weight_map = json.loads(indexes[0].read_text())["weight_map"]
+        try:
+            weight_map = json.loads(indexes[0].read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{indexes[0]} is not a weight index (JSON with a 'weight_map'): {exc}") from exc
         shards = sorted(set(weight_map.values()))
         for shard in shards:
             if Path(shard).name != shard or not (path / shard).is_file():
@@ -145,10 +149,24 @@ def load_dit(path: str | Path, cfg: DiTConfig, dtype: torch.dtype | None = None,
     return model
 
 
+SHARD_PATTERN = "diffusion_pytorch_model*.safetensors*"  # the shards and the index save_dit writes
+
+
 def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 1024**3) -> None:
-    """Writes the original layout: safetensors shards plus a weight-map index, each file atomically."""
+    """Writes the original layout (safetensors shards plus a weight-map index) as a whole: into a
+    staging folder beside ``directory``, which then takes its place, so a crash leaves the old
+    checkpoint or the new one, never a mix. A folder holding anything else is refused."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    if directory.exists():
+        foreign = sorted(p.name for p in directory.iterdir() if not p.match(SHARD_PATTERN))
+        if foreign:
+            raise CheckpointError(f"{directory} holds other files ({', '.join(foreign[:5])}); save the DiT into "
+                                  "an empty folder or one that holds only an earlier save_dit checkpoint")
+    staging = directory.with_name(f"{TMP_PREFIX}{directory.name}.saving")
+    replaced = directory.with_name(f"{TMP_PREFIX}{directory.name}.replaced")
+    for leftover in (staging, replaced):  # from a save that crashed
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging.mkdir(parents=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -162,9 +180,13 @@ def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 10
     weight_map = {}
     for i, shard in enumerate(shards, start=1):
         name = f"diffusion_pytorch_model-{i:05d}-of-{len(shards):05d}.safetensors"
-        with atomic_path(directory / name) as tmp:
+        with atomic_path(staging / name) as tmp:
             save_file(shard, os.fspath(tmp))
         weight_map.update({k: name for k in shard})
     index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
              "weight_map": weight_map}
-    write_json(index, directory / "diffusion_pytorch_model.safetensors.index.json")
+    write_json(index, staging / "diffusion_pytorch_model.safetensors.index.json")
+    if directory.exists():
+        os.replace(directory, replaced)
+    os.replace(staging, directory)
+    shutil.rmtree(replaced, ignore_errors=True)
