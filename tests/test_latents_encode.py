@@ -116,3 +116,17 @@ def test_weights_identity_follows_the_files(tmp_path):
     assert weights_identity(tmp_path / "vae") != first
     with pytest.raises(CheckpointError, match="no weights at"):
         weights_identity(tmp_path / "missing")
+
+
+def test_only_rank_0_loads_the_text_encoder_and_the_callers_random_stream_is_kept():
+    from longlive_core.latents.encode import make_models
+
+    cfg = EncodeLatentsConfig(text_max_length=16)
+    torch.manual_seed(123)
+    want = torch.rand(3)
+    torch.manual_seed(123)
+    vae0, text0 = make_models(cfg, torch.device("cpu"), rank=0)
+    assert torch.equal(torch.rand(3), want)  # building the tiny models did not reseed the caller
+    vae1, text1 = make_models(cfg, torch.device("cpu"), rank=1)
+    assert text1 is None and text0 is not None and next(text0.model.parameters()).dtype == torch.float32
+    assert all(torch.equal(a, b) for a, b in zip(vae0.state_dict().values(), vae1.state_dict().values()))

@@ -122,6 +122,16 @@ def test_flex_and_sdpa_agree_on_the_same_mask_on_the_gpu():
     mask_mod = block_causal(64, 2)
     flex, sdpa = attend(q, k, v, mask_mod, backend="flex"), attend(q, k, v, mask_mod, backend="sdpa")
     assert (flex - sdpa).abs().max() < 1e-3
+    # other lengths (recompiled once, dynamically) still agree; the block mask is built once per length
+    from longlive_core.models.attention import block_mask_for
+
+    for n in (384, 640, 896, 1152):
+        q, k, v = (torch.randn(1, 4, n, 64, device="cuda", generator=g) for _ in range(3))
+        hits = block_mask_for.cache_info().hits
+        flex = attend(q, k, v, mask_mod, backend="flex")
+        assert torch.equal(attend(q, k, v, mask_mod, backend="flex"), flex)
+        assert block_mask_for.cache_info().hits == hits + 1
+        assert (flex - attend(q, k, v, mask_mod, backend="sdpa")).abs().max() < 1e-3
 
 
 def test_both_checkpoint_layouts_round_trip(tmp_path):

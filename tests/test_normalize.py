@@ -92,6 +92,32 @@ def test_frame_rate_change_and_trim_are_counted():
         normalize_clip(frames[:3], ClipFormat(fps=30, height=8, width=8))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_streaming_resampling_follows_the_timestamp_definition(seed):
+    """normalize_clip decodes frame by frame; the frames it picks are resample_indices' on the whole list."""
+    rng = np.random.default_rng(seed)
+    n, fps = int(rng.integers(6, 200)), float(rng.choice([12, 24, 30]))
+    steps = rng.choice([1 / 60, 1 / 30, 1 / 24, 0.1, 0.0], size=n - 1, p=[0.3, 0.3, 0.2, 0.15, 0.05])
+    times = rng.uniform(0, 3) + np.concatenate([[0.0], np.cumsum(steps)])  # non-decreasing, ties included
+    frames = [(np.full((4, 8, 3), i % 256, np.uint8), t, 0) for i, t in enumerate(times)]
+    want = resample_indices(times, fps)
+    if len(want) < 5:
+        return
+    clip = normalize_clip(frames, ClipFormat(fps=fps, height=4, width=8))
+    assert list(clip.frames[:, 0, 0, 0]) == [i % 256 for i in want[:clip.counts["frames"]]]
+    assert clip.counts["resampled_frames"] == len(want)
+    assert clip.counts["dropped_source_frames"] == n - len(np.unique(want))
+
+
+def test_times_that_go_backwards_or_a_rotation_that_changes_are_refused():
+    frames = [(np.zeros((8, 8, 3), np.uint8), t, 0) for t in (0.0, 0.1, 0.05, 0.2, 0.3, 0.4)]
+    with pytest.raises(ClipRejected, match="go backwards at frame 2"):
+        normalize_clip(frames, ClipFormat(fps=10, height=8, width=8))
+    frames = [(np.zeros((8, 8, 3), np.uint8), i / 10, 90 if i == 3 else 0) for i in range(6)]
+    with pytest.raises(ClipRejected, match="rotation changes"):
+        normalize_clip(frames, ClipFormat(fps=10, height=8, width=8))
+
+
 def test_ten_bit_input_becomes_8_bit_rgb():
     buf = io.BytesIO()
     with av.open(buf, "w", format="mp4") as c:

@@ -123,14 +123,23 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_models(cfg: EncodeLatentsConfig, device: torch.device):
-    torch.manual_seed(0)  # the tiny models' random weights are the same on every rank and every run
-    vae = build_vae("tiny") if cfg.vae == "tiny" else load_vae(cfg.vae)
-    if cfg.text_encoder == "tiny":
-        text = tiny_text_encoder(dim=32, max_length=cfg.text_max_length)
-    else:
-        text = load_text_encoder(cfg.text_encoder, max_length=cfg.text_max_length)
-    text.model.to(device)
+def text_dtype(device: torch.device) -> torch.dtype:
+    """umT5 runs in bfloat16 on GPUs (as Wan runs it; umT5-XXL is 22 GB in float32), float32 on the CPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def make_models(cfg: EncodeLatentsConfig, device: torch.device, rank: int):
+    """The VAE on every rank; the text encoder on rank 0 only (None elsewhere): it embeds the captions."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # the tiny VAE's random weights are the same on every rank and every run
+        vae = build_vae("tiny") if cfg.vae == "tiny" else load_vae(cfg.vae)
+    text = None
+    if rank == 0:
+        if cfg.text_encoder == "tiny":
+            text = tiny_text_encoder(dim=32, max_length=cfg.text_max_length)
+        else:
+            text = load_text_encoder(cfg.text_encoder, max_length=cfg.text_max_length, dtype=text_dtype(device))
+        text.model.to(device=device, dtype=text_dtype(device))
     return vae.to(device), text
 
 
@@ -224,11 +233,11 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
                    failed_path: Path, cfg: EncodeLatentsConfig, comm: Comm) -> dict:
     """Encodes what is new; rank 0 writes the shards, the index and the failures; returns counts."""
     device = pick_device(cfg.device)
-    vae, text = make_models(cfg, device)
+    vae, text = make_models(cfg, device, comm.rank)
     halo = cfg.halo if cfg.halo is not None else receptive_field_latents(vae)
     store = getattr(torch, cfg.store_dtype)
     key = (cfg.encode_key() + f";halo_used={halo};vae_weights={weights_identity(cfg.vae)}"
-           f";text_weights={weights_identity(cfg.text_encoder)}")
+           f";text_weights={weights_identity(cfg.text_encoder)};text_dtype={text_dtype(device)}")
     picked = select_samples(samples, cfg)
     shot_rows = shots.set_index(["video_id", "shot_index"])
     fingerprints = sample_fingerprints(picked, shot_rows, key)
@@ -321,8 +330,7 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
 
 def encode_shot(vae, clip, halo: int, comm: Comm, device: torch.device, counts: dict) -> torch.Tensor | None:
     """This rank's chunk of one normalised shot, assembled on rank 0 (None elsewhere)."""
-    video = frames_to_input(clip.frames, device)
-    n_lat = 1 + (video.shape[2] - 1) // TEMPORAL_STRIDE
+    n_lat = 1 + (len(clip.frames) - 1) // TEMPORAL_STRIDE
     chunks = plan_chunks(n_lat, min(comm.world, n_lat), halo)  # a shot shorter than P latents: fewer ranks
     counts["latents_kept"] += n_lat
     counts["latents_encoded"] += sum(c.encoded_latents for c in chunks)
@@ -335,7 +343,8 @@ def encode_shot(vae, clip, halo: int, comm: Comm, device: torch.device, counts: 
     if comm.rank >= len(chunks):
         return None
     c = chunks[comm.rank]
-    z = encode_video(vae, video[:, :, c.raw_start:c.raw_end])[:, c.drop:].float().cpu()
+    video = frames_to_input(clip.frames[c.raw_start:c.raw_end], device)  # only this rank's frames move
+    z = encode_video(vae, video)[:, c.drop:].float().cpu()
     return z if len(chunks) == 1 else comm.exchange(z, chunks, z)
 
 

@@ -37,14 +37,21 @@ def block_causal(tokens_per_frame: int, frames_per_block: int) -> MaskMod:
 @functools.cache
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
-    return torch.compile(flex_attention, dynamic=False)
+    # default dynamism: the first new sequence length recompiles once with symbolic lengths instead
+    # of once per length (which would hit the recompile limit and fall back to eager flex)
+    return torch.compile(flex_attention)
+
+
+@functools.lru_cache(maxsize=16)
+def block_mask_for(mask_mod: MaskMod, q_len: int, kv_len: int, device: torch.device):
+    """The FlexAttention block mask of a mask_mod at these lengths, built once and shared by every
+    layer and call that uses the same mask_mod object."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
 
 
 def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
-    from torch.nn.attention.flex_attention import create_block_mask
-    block_mask = None
-    if mask_mod is not None:
-        block_mask = create_block_mask(mask_mod, None, None, q.shape[2], k.shape[2], device=q.device)
+    block_mask = None if mask_mod is None else block_mask_for(mask_mod, q.shape[2], k.shape[2], q.device)
     return _compiled_flex()(q, k, v, block_mask=block_mask)
 
 

@@ -60,9 +60,14 @@ class TextEncoder:
 
 
 def tiny_text_encoder(dim: int = 32, max_length: int = 64, seed: int = 0) -> TextEncoder:
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream is left as it was
+        torch.manual_seed(seed)
+        return _tiny(dim, max_length)
+
+
+def _tiny(dim: int, max_length: int) -> TextEncoder:
     from transformers import UMT5Config, UMT5EncoderModel
 
-    torch.manual_seed(seed)
     cfg = UMT5Config(vocab_size=ByteTokenizer.vocab_size, d_model=dim, d_kv=8, d_ff=2 * dim, num_layers=2,
                      num_heads=max(1, dim // 8), relative_attention_num_buckets=8, dropout_rate=0.0)
     return TextEncoder(UMT5EncoderModel(cfg).eval(), ByteTokenizer(), max_length)

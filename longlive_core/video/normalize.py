@@ -9,6 +9,7 @@ counted as dropped, those used twice as repeated.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 
 import cv2
@@ -73,46 +74,73 @@ def fit_frame(rgb: np.ndarray, height: int, width: int, fit: str) -> np.ndarray:
 
 def resample_indices(times: np.ndarray, fps: float) -> np.ndarray:
     """Source index shown at each output time t0 + k / fps, over the clip's span (its last frame
-    lasting one median frame interval)."""
+    lasting one median frame interval). The definition ``normalize_clip`` follows while streaming."""
     times = np.asarray(times, dtype=np.float64)
-    last = times[-1] + (np.median(np.diff(times)) if len(times) > 1 else 1.0 / fps)
-    n_out = max(1, int(np.floor((last - times[0]) * fps + 1e-6)))
+    n_out = _output_frames(times, fps)
     out_times = times[0] + np.arange(n_out) / fps
     return np.clip(np.searchsorted(times, out_times + 1e-9, side="right") - 1, 0, len(times) - 1)
 
 
+def _output_frames(times: np.ndarray, fps: float) -> int:
+    last = times[-1] + (np.median(np.diff(times)) if len(times) > 1 else 1.0 / fps)
+    return max(1, int(np.floor((last - times[0]) * fps + 1e-6)))
+
+
 def normalize_clip(frames: Iterable[tuple[np.ndarray, float, int]], fmt: ClipFormat) -> NormalizedClip:
-    """frames: (stored RGB uint8, time s, display rotation) as ``shots.clips.iter_timed_frames`` gives."""
-    stored, times, rotations = [], [], set()
-    for rgb, t, rot in frames:
-        stored.append(rgb)
-        times.append(t)
-        rotations.add(rot)
-    if not stored:
+    """frames: (stored RGB uint8, time s, display rotation) as ``shots.clips.iter_timed_frames`` gives.
+
+    Streams: each source frame is fitted to the output size as soon as the next frame's time shows
+    which output times it covers, so memory holds output-sized frames, not the source's."""
+    times: list[float] = []
+    slots: list[int] = []  # source index of each output frame so far
+    fitted: dict[int, np.ndarray] = {}  # output-sized frame per source index some slot uses
+    previous = None
+    rotation = portrait = None
+    for i, (rgb, t, rot) in enumerate(frames):
+        if rotation is None:
+            rotation = rot
+            h, w = rgb.shape[:2]
+            if rotation % 180:
+                h, w = w, h
+            portrait = h > w
+            if portrait and fmt.portrait == "drop":
+                raise ClipRejected(f"portrait ({w}x{h} as displayed) and clip format portrait is 'drop'")
+        elif rot != rotation:
+            raise ClipRejected(f"display rotation changes within the clip ({rotation} then {rot} at frame {i})")
+        if times and t < times[-1]:
+            raise ClipRejected(f"frame times go backwards at frame {i} ({times[-1]:.6f} s then {t:.6f} s)")
+        if previous is not None:
+            _assign(slots, fitted, i - 1, previous, times[0], t, None, rotation, fmt)
+        times.append(float(t))
+        previous = rgb
+    if previous is None:
         raise ClipRejected("no frames decoded")
-    if len(rotations) > 1:
-        raise ClipRejected(f"display rotation changes within the clip ({sorted(rotations)})")
-    rotation = rotations.pop()
-    h, w = stored[0].shape[:2]
-    if rotation % 180:
-        h, w = w, h
-    portrait = h > w
-    if portrait and fmt.portrait == "drop":
-        raise ClipRejected(f"portrait ({w}x{h} as displayed) and clip format portrait is 'drop'")
-    idx = resample_indices(np.array(times), fmt.fps)
-    keep = 1 + fmt.temporal_stride * ((len(idx) - 1) // fmt.temporal_stride)
-    if len(idx) < 1 + fmt.temporal_stride:
-        raise ClipRejected(f"{len(idx)} frames at {fmt.fps} fps; at least {1 + fmt.temporal_stride} needed")
-    used = idx[:keep]
-    out = np.stack([fit_frame(rotate(stored[i], rotation), fmt.height, fmt.width, fmt.fit) for i in used])
+    n_out = _output_frames(np.array(times), fmt.fps)
+    del slots[n_out:]
+    _assign(slots, fitted, len(times) - 1, previous, times[0], math.inf, n_out, rotation, fmt)
+    if n_out < 1 + fmt.temporal_stride:
+        raise ClipRejected(f"{n_out} frames at {fmt.fps} fps; at least {1 + fmt.temporal_stride} needed")
+    keep = 1 + fmt.temporal_stride * ((n_out - 1) // fmt.temporal_stride)
+    out = np.stack([fitted[i] for i in slots[:keep]])
+    distinct = len(set(slots))
     counts = {
-        "source_frames": len(stored),
-        "resampled_frames": len(idx),
+        "source_frames": len(times),
+        "resampled_frames": n_out,
         "frames": keep,
-        "trimmed_frames": len(idx) - keep,
-        "dropped_source_frames": len(stored) - len(np.unique(idx)),
-        "repeated_frames": int(len(idx) - len(np.unique(idx))),
+        "trimmed_frames": n_out - keep,
+        "dropped_source_frames": len(times) - distinct,
+        "repeated_frames": n_out - distinct,
         "rotated": int(rotation != 0),
         "portrait": int(portrait),
     }
     return NormalizedClip(out, counts)
+
+
+def _assign(slots: list[int], fitted: dict, source: int, rgb: np.ndarray, t0: float, next_time: float,
+            limit: int | None, rotation: int, fmt: ClipFormat) -> None:
+    """Gives ``source`` every next output slot k shown before ``next_time`` (the next source frame's
+    time), up to ``limit`` slots in all; fits the frame once."""
+    while (limit is None or len(slots) < limit) and t0 + len(slots) / fmt.fps + 1e-9 < next_time:
+        if source not in fitted:
+            fitted[source] = fit_frame(rotate(rgb, rotation), fmt.height, fmt.width, fmt.fit)
+        slots.append(source)
