@@ -48,6 +48,8 @@ def test_shapes_and_dtypes_for_both_configs():
     assert 4.9e9 < n < 5.1e9, n  # "5B"
     assert big.blocks[0].self_attn.q.weight.shape == (3072, 3072) and big.blocks[0].ffn[0].weight.shape == (14336, 3072)
     assert big.head.head.weight.shape == (48 * 4, 3072) and len(big.blocks) == 30
+    with pytest.raises(ValueError, match="frame_positions must be"):
+        model(latents, torch.tensor([10.0, 500.0]), text, frame_positions=torch.arange(2))
     with pytest.raises(ValueError, match="unknown DiT config"):
         dit_config("wan9")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import resource
 import tarfile
 import time
@@ -119,7 +120,11 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= torch.cuda.device_count():
+            raise ConfigError(f"rank {local} has no GPU of its own: this machine has {torch.cuda.device_count()}; "
+                              "set encode_latents.sp to at most that, or device: cpu")
+        return torch.device("cuda", local)
     return torch.device(name)
 
 
@@ -143,13 +148,16 @@ def make_models(cfg: EncodeLatentsConfig, device: torch.device, rank: int):
     return vae.to(device), text
 
 
+SHARD_NAME = re.compile(r"shard-(\d+)\.safetensors")
+
+
 class ShardSink:
     """Collects tensors and writes them as safetensors shards, each only when complete."""
 
     def __init__(self, directory: Path, max_bytes: int):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
-        numbers = [int(p.stem.split("-")[1]) for p in self.dir.glob("shard-*.safetensors")]
+        numbers = [int(m[1]) for p in self.dir.glob("shard-*.safetensors") if (m := SHARD_NAME.fullmatch(p.name))]
         self.next = max(numbers, default=-1) + 1
         self.max_bytes = max_bytes
         self.tensors: dict[str, torch.Tensor] = {}
@@ -223,7 +231,7 @@ def remove_unreferenced_shards(shard_dir: Path, index: pd.DataFrame) -> int:
     used = set(index["shard"])
     removed = 0
     for shard in shard_dir.glob("shard-*.safetensors"):
-        if shard.name not in used:
+        if SHARD_NAME.fullmatch(shard.name) and shard.name not in used:
             shard.unlink()
             removed += 1
     return removed

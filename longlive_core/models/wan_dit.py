@@ -135,6 +135,9 @@ class WanDiT(nn.Module):
             timesteps = timesteps[:, None]  # one timestep for every frame
         if timesteps.shape not in ((b, 1), (b, fp)):
             raise ValueError(f"timesteps must be (B,) or (B, F) = ({b}, {fp}); got {tuple(timesteps.shape)}")
+        if frame_positions is not None and frame_positions.shape != (fp,):
+            raise ValueError(f"frame_positions must be ({fp},), one per latent frame; "
+                             f"got {tuple(frame_positions.shape)}")
         positions = torch.arange(fp, device=latents.device) if frame_positions is None else frame_positions
         rope = rope_cos_sin(cfg.rope_dims, positions, hp, wp, cfg.rope_theta)
 
