@@ -1,8 +1,8 @@
 """DVC stage `encode_latents`: every selected sample's shots -> VAE latents and caption embeddings in
 safetensors shards under data/latents/shards/, with data/latents/index.parquet (one row per shot)
 and data/latents/failed.parquet. With encode_latents.sp = P > 1 the module re-launches itself under
-torchrun with P ranks (each encodes on its own device; they exchange through gloo): Balanced-SP
-chunk-halo encoding."""
+torchrun with P ranks (each encodes on its own device; they exchange through NCCL on GPUs, gloo on
+the CPU): Balanced-SP chunk-halo encoding."""
 from __future__ import annotations
 
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from longlive_core.config import ConfigError, load_params, stage_config
-from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
+from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples, pick_device
 from longlive_core.progress import setup_logging
 from longlive_core.tracking.lineage import digest_file
 from tasks.assemble import SAMPLES
@@ -62,12 +62,14 @@ def main() -> None:
         os.execvp(cmd[0], cmd)
     comm = Comm()
     if "RANK" in os.environ:
+        import torch
         import torch.distributed as dist
 
-        # gloo even on GPUs: what the ranks exchange (chunk latents, flags, the done list) is small and
-        # lives on the CPU, which NCCL cannot send
-        dist.init_process_group("gloo")
-        comm = Comm(dist.get_rank(), dist.get_world_size())
+        device = pick_device(cfg.device)
+        if device.type == "cuda":  # NCCL between GPUs: each rank's chunk latents go GPU to GPU
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        comm = Comm(dist.get_rank(), dist.get_world_size(), device)
         if comm.world != cfg.sp:
             raise ConfigError(f"encode_latents.sp is {cfg.sp} but torchrun started {comm.world} ranks")
     try:

@@ -57,9 +57,12 @@ def test_missing_vae_weights_name_the_path(tmp_path):
         encode_video(build_vae("tiny"), torch.zeros(1, 3, 6, 32, 32))
 
 
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nvidia-h200-x2 via the device tool)")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_torchrun_ranks_assemble_the_full_encode(tmp_path, ranks):
+@pytest.mark.parametrize("ranks,device", [(2, "cpu"), (3, "cpu"), pytest.param(2, "cuda", marks=two_gpus)])
+def test_torchrun_ranks_assemble_the_full_encode(tmp_path, ranks, device):
     import subprocess
     import sys
 
@@ -69,7 +72,7 @@ def test_torchrun_ranks_assemble_the_full_encode(tmp_path, ranks):
 
     out = tmp_path / "z.safetensors"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-           "-m", "tests.helpers.sp_encode", str(out), "28"]
+           "-m", "tests.helpers.sp_encode", str(out), "28", device]
     proc = subprocess.run(cmd, cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -87,22 +87,25 @@ class Comm:
 
     rank: int = 0
     world: int = 1
+    device: torch.device = torch.device("cpu")  # where exchanged tensors live: cpu (gloo) or this rank's GPU (nccl)
 
     def exchange(self, mine: torch.Tensor, chunks: list[Chunk], like: torch.Tensor) -> torch.Tensor | None:
-        """Rank 0 gets every chunk's latents, in order, concatenated along frames; others get None."""
+        """Rank 0 gets every chunk's latents, in order, concatenated along frames (on the CPU);
+        others get None."""
         if self.world == 1:
             return mine
         import torch.distributed as dist
 
         if self.rank != 0:
-            dist.send(mine.contiguous(), dst=0)
+            dist.send(mine.contiguous().to(self.device), dst=0)
             return None
-        parts = [mine]
+        parts = [mine.to(self.device)]
         for c in chunks[1:]:
-            buf = torch.empty((like.shape[0], c.latent_end - c.latent_start, *like.shape[2:]), dtype=like.dtype)
+            buf = torch.empty((like.shape[0], c.latent_end - c.latent_start, *like.shape[2:]), dtype=like.dtype,
+                              device=self.device)
             dist.recv(buf, src=c.rank)
             parts.append(buf)
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=1).cpu()
 
     def agree(self, ok: bool) -> bool:
         """True only if every rank's ``ok`` is (a failure anywhere skips the sample everywhere)."""
@@ -110,7 +113,7 @@ class Comm:
             return ok
         import torch.distributed as dist
 
-        flag = torch.tensor([1 if ok else 0])
+        flag = torch.tensor([1 if ok else 0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 

@@ -77,7 +77,7 @@ class _NVFP4LinearFn(torch.autograd.Function):
             xt, xtd = quantize_partial(_pad_rows(x2).t(), (1, BLOCK), rht=r.wgrad_rht, backend=r.backend)
             grad_w = emulated_mm(gt, gtd, xt.t(), xtd, out_dtype=ctx.weight_dtype, backend=r.backend)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g2.float().sum(0)
+            grad_b = g2.sum(0, dtype=torch.float32)  # accumulates in float32 without a float32 copy of g
         return grad_x, grad_w, grad_b, None, None
 
 

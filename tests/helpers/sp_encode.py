@@ -1,6 +1,8 @@
 """Run under torchrun: every rank encodes its chunk of one random clip with the tiny VAE through
-encode_shot's path (Comm.exchange over gloo); rank 0 writes the assembled latents and the full
-single-process encode to the safetensors file named by argv[1]."""
+encode_shot's path (Comm.exchange over gloo on the CPU, or NCCL with argv[3] = cuda, one GPU per
+rank); rank 0 writes the assembled latents and the full single-process encode to the safetensors
+file named by argv[1]; argv[2] is the halo."""
+import os
 import sys
 
 import numpy as np
@@ -14,10 +16,14 @@ from longlive_core.video.normalize import NormalizedClip
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
-    comm = Comm(dist.get_rank(), dist.get_world_size())
+    device = torch.device("cpu")
+    if len(sys.argv) > 3 and sys.argv[3] == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    comm = Comm(dist.get_rank(), dist.get_world_size(), device)
     torch.manual_seed(0)
-    vae = build_vae("tiny")
+    vae = build_vae("tiny").to(device)
     frames = np.random.default_rng(0).integers(0, 255, (4 * 80 + 1, 32, 32, 3), dtype=np.uint8)
     clip = NormalizedClip(frames, {"frames": len(frames), "trimmed_frames": 0, "repeated_frames": 0,
                                    "dropped_source_frames": 0, "rotated": 0, "portrait": 0})
@@ -25,9 +31,9 @@ def main() -> None:
                              "frames_trimmed", "frames_repeated", "frames_dropped", "rotated_shots",
                              "portrait_shots")}
     halo = int(sys.argv[2])
-    z = encode_shot(vae, clip, halo, comm, torch.device("cpu"), counts)
+    z = encode_shot(vae, clip, halo, comm, device, counts)
     if comm.rank == 0:
-        full = encode_video(vae, frames_to_input(frames))
+        full = encode_video(vae, frames_to_input(frames, device)).cpu()
         save_file({"chunked": z.contiguous(), "full": full.contiguous(),
                    "max_rank": torch.tensor(counts["latents_encoded_max_rank"])}, sys.argv[1])
     dist.destroy_process_group()
