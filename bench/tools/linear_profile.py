@@ -26,13 +26,17 @@ def main() -> None:
     layers = {"bf16": bf16, "nvfp4": NVFP4Linear.from_linear(base, NVFP4Recipe())}
     x = torch.randn(args.tokens, args.k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     gy = torch.randn(args.tokens, args.n, device="cuda", dtype=torch.bfloat16)
+    def step(layer):
+        x.grad = layer.weight.grad = layer.bias.grad = None  # as bench/nvfp4_linear.py: no accumulation
+        layer(x).backward(gy)
+
     for name, layer in layers.items():
         for _ in range(5):
-            layer(x).backward(gy)
+            step(layer)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
-                layer(x).backward(gy)
+                step(layer)
             torch.cuda.synchronize()
         events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
         events.sort(key=lambda e: -e.self_device_time_total)

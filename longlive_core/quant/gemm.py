@@ -5,24 +5,40 @@ from __future__ import annotations
 
 import torch
 
-from longlive_core.quant.nvfp4 import BLOCK, Backend, default_backend, quantize_torch
+from longlive_core.quant.hadamard import rht as apply_rht
+from longlive_core.quant.nvfp4 import BLOCK, Backend, check_input, default_backend, quantize_torch
 
 
 def quantize_partial(x: torch.Tensor, tile: tuple[int, int] = (1, BLOCK), rht: bool = False,
                      stochastic: bool = False, generator: torch.Generator | None = None,
-                     four_over_six: str | None = None, backend: Backend = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     four_over_six: str | None = None, backend: Backend = None,
+                     amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4-quantizes ``x`` (2-D, blocks along its last axis) and returns (q * S_dec in bfloat16,
-    1 / S_enc as a float32 scalar): the operand and the decode scale an emulated GEMM needs."""
+    1 / S_enc as a float32 scalar): the operand and the decode scale an emulated GEMM needs.
+    ``amax``: x's global amax (after the RHT when rht) if already known; saves a pass over x."""
     backend = backend or default_backend(x)
     if backend == "triton":
         from longlive_core.quant import triton_kernels
-        return triton_kernels.quantize_partial(x, tile, rht, stochastic, four_over_six, generator)
-    q = quantize_torch(x.contiguous(), tile, rht, stochastic, four_over_six, generator)
+        return triton_kernels.quantize_partial(x, tile, rht, stochastic, four_over_six, generator, amax)
+    q = quantize_torch(x.contiguous(), tile, rht, stochastic, four_over_six, generator, amax)
     m, k = q.shape
     part = (q.values().view(m, k // BLOCK, BLOCK) * q.scales.float()[..., None]).view(m, k)
     s_enc = q.encode_scale
     return part.to(torch.bfloat16), (torch.ones_like(s_enc) / s_enc).reshape(())
+
+
+def operand_amaxes(x: torch.Tensor, backend: Backend = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max |x|, max |RHT(x)|) as float32 scalars, blocks along x's last axis: the global amaxes of
+    a tensor that is quantized both plainly and after the RHT (one pass over x on the Triton path)."""
+    backend = backend or default_backend(x)
+    if backend == "triton":
+        from longlive_core.quant import triton_kernels
+        return triton_kernels.amaxes(x)
+    check_input(x, (1, BLOCK))
+    if x.numel() == 0:
+        zero = torch.zeros((), dtype=torch.float32, device=x.device)
+        return zero, zero.clone()
+    return x.abs().amax().float(), apply_rht(x).float().abs().amax()
 
 
 def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor,

@@ -186,14 +186,17 @@ def _block_error(codes: torch.Tensor, s_dec: torch.Tensor, s_enc: torch.Tensor, 
 
 def quantize_torch(x: torch.Tensor, tile: tuple[int, int] = (1, BLOCK), rht: bool = False,
                    stochastic: bool = False, four_over_six: FourOverSix = None,
-                   generator: torch.Generator | None = None) -> NVFP4Tensor:
-    """The reference implementation (eager PyTorch, any device)."""
+                   generator: torch.Generator | None = None, amax: torch.Tensor | None = None) -> NVFP4Tensor:
+    """The reference implementation (eager PyTorch, any device). ``amax``: the global amax of x (after
+    the RHT when rht) where the caller already has it, e.g. from ``gemm.operand_amaxes``."""
     check_input(x, tile)
     if four_over_six not in (None, "mse", "mae"):
         raise ValueError(f"four_over_six must be None, 'mse' or 'mae'; got {four_over_six!r}")
     m, k = x.shape
     xf = (apply_rht(x) if rht else x).float()
-    amax = xf.abs().amax() if xf.numel() else _f32(0.0, xf)
+    if amax is None:
+        amax = xf.abs().amax() if xf.numel() else _f32(0.0, xf)
+    amax = amax.float().reshape(())
     scale_max = FOUR_OVER_SIX_E4M3_MAX if four_over_six else E4M3_MAX
     s_enc = global_encode_scale(amax, scale_max)
     xb = xf.view(m, k // BLOCK, BLOCK)

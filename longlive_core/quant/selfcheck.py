@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from longlive_core.quant import triton_kernels
-from longlive_core.quant.gemm import quantize_partial
+from longlive_core.quant.gemm import operand_amaxes, quantize_partial
 from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
 from longlive_core.quant.nvfp4 import quantize_torch
 
@@ -49,6 +49,10 @@ def check_configs(device: str, m: int, k: int) -> None:
         xt = x.t().contiguous().t()
         assert same_bits(quantize_torch(xt.contiguous(), tile, rht, False, fos),
                          triton_kernels.quantize(xt, tile, rht, False, fos)), ("strided", dtype, tile, rht, fos)
+        if fos is None and tile == (1, 16) and not rht:  # both amaxes of a tensor and of its transpose in one pass
+            for view in (x, x.t()):
+                got = triton_kernels.amaxes(view)
+                assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(operand_amaxes(view, "torch"), got)), dtype
         if fos is None:
             pr, dr = quantize_partial(x, tile, rht, backend="torch")
             pt, dt = quantize_partial(x, tile, rht, backend="triton")
@@ -88,15 +92,28 @@ def check_edge_inputs(device: str) -> None:
                 raise AssertionError(f"{fn.__name__} accepted shape {tuple(bad.shape)}")
 
 
-def check_emulated_linear(device: str = "cuda") -> None:
-    """The NVFP4 linear layer gives the same bits with either quantizer backend."""
+def check_emulated_linear(device: str = "cuda", tokens: int = 400) -> None:
+    """The NVFP4 linear layer gives the same bits with either quantizer backend, forward and (with
+    round-to-nearest gradients) backward; 400 tokens = 25 token blocks, 398 pads the wgrad operands."""
     g = torch.Generator(device=device).manual_seed(0)
     lin = nn.Linear(256, 512).to(device)
-    x = torch.randn(4, 100, 256, device=device, dtype=torch.bfloat16, generator=g)
+    x = torch.randn(4, tokens // 4, 256, device=device, dtype=torch.bfloat16, generator=g)
     outs = [NVFP4Linear.from_linear(lin, NVFP4Recipe(backend=b))(x) for b in ("torch", "triton")]
     assert torch.equal(*outs)
     ref = torch.nn.functional.linear(x.float(), lin.weight, lin.bias)
     assert (outs[0].float() - ref).norm() / ref.norm() < 0.2
+    for n in (tokens, tokens - 2):
+        xs = x.reshape(-1, 256)[:n]
+        gy = torch.randn(n, 512, device=device, dtype=torch.bfloat16, generator=g)
+        grads = []
+        for b in ("torch", "triton"):
+            xi = xs.detach().clone().requires_grad_()
+            recipe = NVFP4Recipe(backend=b, grad_stochastic=False)
+            layer = NVFP4Linear.from_linear(nn.Linear(256, 512).to(device), recipe)
+            layer.load_state_dict(lin.state_dict())
+            layer(xi).backward(gy)
+            grads.append((xi.grad, layer.weight.grad, layer.bias.grad))
+        assert all(torch.equal(a, b) for a, b in zip(*grads)), n
 
 
 if __name__ == "__main__":

@@ -321,7 +321,8 @@ if triton is not None:
 
     @triton.jit
     def _slice_kernel(x_ptr, sxm, sxk, M, K, amax_ptr, codes_ptr, scales_ptr, part_ptr, spm, spk, dec_ptr,
-                      max_ptr, seed, SCALE6: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, RHT: tl.constexpr,
+                      max_ptr, plain_max_ptr, seed, SCALE6: tl.constexpr, BM: tl.constexpr, G: tl.constexpr,
+                      RHT: tl.constexpr,
                       IS_BF16: tl.constexpr, SR: tl.constexpr, WRITE_CODES: tl.constexpr,
                       WRITE_PARTIAL: tl.constexpr, WRITE_DEC: tl.constexpr, AMAX_ONLY: tl.constexpr):
         """1x16 blocks as 16 slices of a (BM rows x G blocks) tile: slice p holds element p of every
@@ -338,13 +339,16 @@ if triton is not None:
         x8, x9, x10, x11 = _ld(xp, 8, sxk, mask), _ld(xp, 9, sxk, mask), _ld(xp, 10, sxk, mask), _ld(xp, 11, sxk, mask)
         x12, x13 = _ld(xp, 12, sxk, mask), _ld(xp, 13, sxk, mask)
         x14, x15 = _ld(xp, 14, sxk, mask), _ld(xp, 15, sxk, mask)
+        tile_id = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        if AMAX_ONLY and RHT:  # the plain amax too, from the same read (both operands of one tensor)
+            plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
+            tl.store(plain_max_ptr + tile_id, tl.max(tl.max(plain, axis=1), axis=0))
         if RHT:
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16)
         bamax = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
         if AMAX_ONLY:
-            tl.store(max_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1),
-                     tl.max(tl.max(bamax, axis=1), axis=0))
+            tl.store(max_ptr + tile_id, tl.max(tl.max(bamax, axis=1), axis=0))
         else:
             s_enc = _encode_scale(amax_ptr, SCALE6)
             if WRITE_DEC:
@@ -432,15 +436,24 @@ def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
     """max |x| (after the RHT when asked), one pass over x; x's dtype when rht is False."""
     if not rht:
         return torch.linalg.vector_norm(x, float("inf"))
+    return amaxes(x)[1]
+
+
+def amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max |x|, max |RHT(x)|) as float32 scalars from one pass over x (blocks along its last axis)."""
+    check_input(x, (1, BLOCK))
     m, k = x.shape
+    if m * k == 0:
+        zero = torch.zeros((), dtype=torch.float32, device=x.device)
+        return zero, zero.clone()
     grid = _slice_grid(m, k)
-    partial = torch.empty(grid[0] * grid[1], dtype=torch.float32, device=x.device)
-    _slice_kernel[grid](x, x.stride(0), x.stride(1), m, k, partial, partial, partial, partial, 0, 0, partial,
-                        partial, 0, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
+    rht_max, plain_max = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
+    _slice_kernel[grid](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0, 0, rht_max,
+                        rht_max, plain_max, 0, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
                         num_warps=SLICE_TILE["num_warps"], RHT=True, IS_BF16=x.dtype == torch.bfloat16, SR=False,
                         WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, AMAX_ONLY=True,
                         enable_fp_fusion=False)
-    return partial.amax()
+    return plain_max.amax(), rht_max.amax()
 
 
 def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, scales, part, dec):
@@ -468,7 +481,7 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
             part if part is not None else dummy, part.stride(0) if part is not None else 0,
             part.stride(1) if part is not None else 0, dec if dec is not None else dummy)
     if use_slices(x, tile, rht, stochastic, four_over_six):
-        _slice_kernel[_slice_grid(m, k)](*args, amax, *outs, dummy, seed, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
+        _slice_kernel[_slice_grid(m, k)](*args, amax, *outs, dummy, dummy, seed, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
                                          num_warps=SLICE_TILE["num_warps"], AMAX_ONLY=False, **common)
     else:
         _quant_kernel[_grid(m, k)](*args, _signs(x.device), amax, *outs[:5], outs[5], seed, BM=TILE["BM"],
@@ -489,10 +502,10 @@ def quantize(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=False, four
 
 
 def quantize_partial(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=False, four_over_six=None,
-                     generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+                     generator=None, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(q * S_dec as bfloat16, in x's memory layout; 1 / S_enc as a float32 scalar)."""
     check_input(x, tile)
     part = torch.empty_like(x, dtype=torch.bfloat16)  # same strides as x: a transposed view stays one
     dec = torch.empty((), dtype=torch.float32, device=x.device)
-    _launch(x, tile, rht, stochastic, four_over_six, generator, None, None, None, part, dec)
+    _launch(x, tile, rht, stochastic, four_over_six, generator, amax, None, None, part, dec)
     return part, dec
