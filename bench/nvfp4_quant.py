@@ -57,6 +57,24 @@ def slice_sweep(xs) -> None:
     print(f"fastest slice tile: BM={bm} G={g} warps={warps}")
 
 
+def block_sweep(xs) -> None:
+    """Times the register-block kernel's tiles on the codes output (no RHT, RHT); keeps the fastest."""
+    amax = {r: triton_kernels.global_amax(xs[0], r) for r in (False, True)}
+    results = []
+    print("| block BM | G | warps | codes ms | codes RHT ms |")
+    print("|---|---|---|---|---|")
+    for bm, g, warps in ((16, 8, 4), (32, 4, 4), (32, 8, 4), (64, 4, 4), (64, 8, 8), (128, 4, 8), (32, 16, 8)):
+        triton_kernels.BLOCK_TILE.update(BM=bm, G=g, num_warps=warps)
+        j = iter(range(10**9))
+        a = ms(lambda j=j: triton_kernels.quantize(xs[next(j) % 3], amax=amax[False]))
+        b = ms(lambda j=j: triton_kernels.quantize(xs[next(j) % 3], rht=True, amax=amax[True]))
+        results.append((a + b, bm, g, warps))
+        print(f"| {bm} | {g} | {warps} | {a:.3f} | {b:.3f} |")
+    _, bm, g, warps = min(results)
+    triton_kernels.BLOCK_TILE.update(BM=bm, G=g, num_warps=warps)
+    print(f"fastest block tile: BM={bm} G={g} warps={warps}")
+
+
 def sweep(xs) -> None:
     """Times quantize (1x16, amax given) and the RHT partial on a transposed view for each tile."""
     amax = triton_kernels.global_amax(xs[0], False)
@@ -80,30 +98,35 @@ def sweep(xs) -> None:
 
 
 def compare_kernels(xs) -> None:
-    """The row-tile and the slice kernel side by side on the calls the linear layer makes."""
+    """The three kernels side by side on the calls the linear layer makes and on the codes output."""
     amax = triton_kernels.global_amax(xs[0], False)
-    cases = {
-        "codes 1x16, amax given": lambda x: triton_kernels.quantize(x, amax=amax),
-        "partial 1x16 (fprop x)": lambda x: quantize_partial(x),
-        "partial 1x16 SR (dgrad dy)": lambda x: quantize_partial(x, stochastic=True),
-        "partial transposed RHT (wgrad x)": lambda x: quantize_partial(x.t(), rht=True),
-        "partial transposed RHT SR (wgrad dy)": lambda x: quantize_partial(x.t(), rht=True, stochastic=True),
-        "codes 1x16 RHT, amax given (rows)": lambda x: triton_kernels.quantize(x, rht=True, amax=amax_rht),
-    }
     amax_rht = triton_kernels.global_amax(xs[0], True)
-    print("| call | row-tile kernel ms | slice kernel ms | default picks |")
-    print("|---|---|---|---|")
-    for name, fn in cases.items():
-        t = {}
-        for prefer in (False, True):
-            triton_kernels.PREFER_SLICES = prefer
+    # (name, call, transposed, stochastic, codes only)
+    cases = [
+        ("codes 1x16, amax given", lambda x: triton_kernels.quantize(x, amax=amax), False, False, True),
+        ("codes 1x16 RHT, amax given (rows)", lambda x: triton_kernels.quantize(x, rht=True, amax=amax_rht),
+         False, False, True),
+        ("partial 1x16 (fprop x)", lambda x: quantize_partial(x), False, False, False),
+        ("partial 1x16 SR (dgrad dy)", lambda x: quantize_partial(x, stochastic=True), False, True, False),
+        ("partial transposed RHT (wgrad x)", lambda x: quantize_partial(x.t(), rht=True), True, False, False),
+        ("partial transposed RHT SR (wgrad dy)", lambda x: quantize_partial(x.t(), rht=True, stochastic=True),
+         True, True, False),
+    ]
+    print("| call | " + " | ".join(f"{k} ms" for k in triton_kernels.KERNELS) + " | default picks |")
+    print("|---|" + "---|" * len(triton_kernels.KERNELS) + "---|")
+    for name, fn, transposed, sr, codes_only in cases:
+        x = xs[0].t() if transposed else xs[0]
+        cells = []
+        for kernel in triton_kernels.KERNELS:
+            triton_kernels.FORCE_KERNEL = kernel
+            if triton_kernels.pick_kernel(x, (1, 16), sr, None, codes_only) != kernel:
+                cells.append("-")
+                continue
             j = iter(range(10**9))
-            t[prefer] = ms(lambda j=j, fn=fn: fn(xs[next(j) % 3]))
-        triton_kernels.PREFER_SLICES = None
-        x = xs[0]
-        picks = "slice" if triton_kernels.use_slices(x.t() if "transposed" in name else x, (1, 16), "RHT" in name,
-                                                     "SR" in name, None) else "row-tile"
-        print(f"| {name} | {t[False]:.3f} | {t[True]:.3f} | {picks} |")
+            cells.append(f"{ms(lambda j=j, fn=fn: fn(xs[next(j) % 3])):.3f}")
+        triton_kernels.FORCE_KERNEL = None
+        picks = triton_kernels.pick_kernel(x, (1, 16), sr, None, codes_only)
+        print(f"| {name} | " + " | ".join(cells) + f" | {picks} |")
 
 
 def main() -> None:
@@ -121,7 +144,9 @@ def main() -> None:
         slice_sweep(xs)
         if args.best_out:
             with open(args.best_out, "w") as f:
-                json.dump({"TILE": triton_kernels.TILE, "SLICE_TILE": triton_kernels.SLICE_TILE}, f)
+                json.dump({"TILE": triton_kernels.TILE, "SLICE_TILE": triton_kernels.SLICE_TILE,
+                           "BLOCK_TILE": triton_kernels.BLOCK_TILE}, f)
+    block_sweep(xs)
     compare_kernels(xs)
     for rht in (False, True):
         for tile in ((1, 16), (16, 16)):
@@ -137,6 +162,7 @@ def main() -> None:
     copy_bw = 2 * xbytes / copy_ms / 1e9
     amax = {r: triton_kernels.global_amax(x, r) for r in (False, True)}
     calls = [("device copy (read + write)", lambda x: dst.copy_(x), 2 * xbytes)]
+    calls.append(("amax pass only, no RHT, block kernel", lambda x: triton_kernels.amaxes(x, rht=False)[0], xbytes))
     for rht in (False, True):
         tag = "RHT" if rht else "no RHT"
         calls += [

@@ -26,13 +26,13 @@ def same_bits(a, b) -> bool:
 
 
 def check_kernels(device: str, m: int = 48, k: int = 160) -> None:
-    """Both kernels (row tiles and slices) wherever either applies."""
+    """Every kernel (row tiles, slices, register blocks) wherever it applies."""
     try:
-        for prefer in (True, False):
-            triton_kernels.PREFER_SLICES = prefer
+        for kernel in triton_kernels.KERNELS:
+            triton_kernels.FORCE_KERNEL = kernel
             check_configs(device, m, k)
     finally:
-        triton_kernels.PREFER_SLICES = None
+        triton_kernels.FORCE_KERNEL = None
 
 
 def check_configs(device: str, m: int, k: int) -> None:

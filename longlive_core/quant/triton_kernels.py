@@ -340,7 +340,7 @@ if triton is not None:
         x12, x13 = _ld(xp, 12, sxk, mask), _ld(xp, 13, sxk, mask)
         x14, x15 = _ld(xp, 14, sxk, mask), _ld(xp, 15, sxk, mask)
         tile_id = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if AMAX_ONLY and RHT:  # the plain amax too, from the same read (both operands of one tensor)
+        if AMAX_ONLY:  # the plain amax too, from the same read (both operands of one tensor)
             plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
             tl.store(plain_max_ptr + tile_id, tl.max(tl.max(plain, axis=1), axis=0))
         if RHT:
@@ -378,6 +378,62 @@ if triton is not None:
                 tl.store(scales_ptr + rm[None, :] * (K // 16) + rg[:, None], sbits, mask=mask)
 
     @triton.jit
+    def _split8(v, BM: tl.constexpr, G: tl.constexpr):
+        """(BM, G, 8) with the 8 in one thread -> its 8 (BM, G) slices in element order (register moves)."""
+        a, b = tl.split(tl.reshape(v, (BM, G, 4, 2)))  # elements 0,2,4,6 and 1,3,5,7
+        a0, a1 = tl.split(tl.reshape(a, (BM, G, 2, 2)))  # 0,4 and 2,6
+        b0, b1 = tl.split(tl.reshape(b, (BM, G, 2, 2)))  # 1,5 and 3,7
+        e0, e4 = tl.split(a0)
+        e2, e6 = tl.split(a1)
+        e1, e5 = tl.split(b0)
+        e3, e7 = tl.split(b1)
+        return e0, e1, e2, e3, e4, e5, e6, e7
+
+    @triton.jit
+    def _code(x, enc):
+        return _quant_elem(x, enc, 0.0, False)[1]
+
+    @triton.jit
+    def _word(x0, x1, x2, x3, x4, x5, x6, x7, enc):
+        """Eight elements' codes as one little-endian int32 (element 2i in the low nibble of byte i)."""
+        w = _code(x0, enc) | (_code(x1, enc) << 4) | (_code(x2, enc) << 8) | (_code(x3, enc) << 12)
+        return w | (_code(x4, enc) << 16) | (_code(x5, enc) << 20) | (_code(x6, enc) << 24) | (_code(x7, enc) << 28)
+
+    @triton.jit
+    def _block_kernel(x_ptr, sxm, M, K, amax_ptr, codes_ptr, scales_ptr, max_ptr, plain_max_ptr,
+                      SCALE6: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, RHT: tl.constexpr,
+                      IS_BF16: tl.constexpr, AMAX_ONLY: tl.constexpr):
+        """Contiguous rows, 1x16 blocks, round to nearest, codes and scales (or only the amaxes):
+        each thread loads whole blocks as two 8-element vectors and splits them into 16 (BM, G)
+        slices in its own registers, so the RHT butterfly, the block amax and the nibble packing
+        are elementwise: no shared-memory layout changes (the row-tile kernel needs several)."""
+        rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+        rg = tl.program_id(1).to(tl.int64) * G + tl.arange(0, G)
+        mask = (rm[:, None] < M) & (rg[None, :] < K // 16)
+        base = x_ptr + rm[:, None, None] * sxm + rg[None, :, None] * 16 + tl.arange(0, 8)[None, None, :]
+        lo = tl.load(base, mask=mask[:, :, None], other=0.0).to(tl.float32)
+        hi = tl.load(base + 8, mask=mask[:, :, None], other=0.0).to(tl.float32)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _split8(lo, BM, G)
+        x8, x9, x10, x11, x12, x13, x14, x15 = _split8(hi, BM, G)
+        tile_id = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        if AMAX_ONLY:
+            plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
+            tl.store(plain_max_ptr + tile_id, tl.max(tl.max(plain, axis=1), axis=0))
+        if RHT:
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16)
+        bamax = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
+        if AMAX_ONLY:
+            tl.store(max_ptr + tile_id, tl.max(tl.max(bamax, axis=1), axis=0))
+        else:
+            s_dec, enc = _block_scales(bamax, _encode_scale(amax_ptr, SCALE6))
+            words = codes_ptr + rm[:, None] * (K // 8) + rg[None, :] * 2
+            tl.store(words, _word(x0, x1, x2, x3, x4, x5, x6, x7, enc), mask=mask)
+            tl.store(words + 1, _word(x8, x9, x10, x11, x12, x13, x14, x15, enc), mask=mask)
+            sbits = s_dec.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+            tl.store(scales_ptr + rm[:, None] * (K // 16) + rg[None, :], sbits, mask=mask)
+
+    @triton.jit
     def _epilogue_kernel(acc_ptr, a_dec_ptr, b_dec_ptr, bias_ptr, out_ptr, numel, N, HAS_BIAS: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -393,7 +449,9 @@ _SIGNS: dict[torch.device, torch.Tensor] = {}
 # tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
 TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
-PREFER_SLICES: bool | None = None  # None: use_slices decides; the bench forces either kernel
+BLOCK_TILE = {"BM": 32, "G": 8, "num_warps": 4}
+KERNELS = ("rows", "slices", "blocks")
+FORCE_KERNEL: str | None = None  # None: pick_kernel decides; the tests and benches force each in turn
 
 
 def epilogue(acc: torch.Tensor, a_decode: torch.Tensor, b_decode: torch.Tensor, bias: torch.Tensor | None,
@@ -418,39 +476,55 @@ def _grid(m: int, k: int) -> tuple[int, int]:
     return triton.cdiv(m, TILE["BM"]), triton.cdiv(k, TILE["BK"])
 
 
+def _block_grid(m: int, k: int) -> tuple[int, int]:
+    return triton.cdiv(m, BLOCK_TILE["BM"]), triton.cdiv(k // BLOCK, BLOCK_TILE["G"])
+
+
 def _slice_grid(m: int, k: int) -> tuple[int, int]:
     return triton.cdiv(m, SLICE_TILE["BM"]), triton.cdiv(k // BLOCK, SLICE_TILE["G"])
 
 
-def use_slices(x: torch.Tensor, tile, rht: bool, stochastic: bool, four_over_six) -> bool:
-    """The slice kernel does 1x16 blocks without 4/6; it wins on strided views (the wgrad operands),
-    the row-tile kernel on contiguous rows, with or without the RHT (bench/nvfp4_quant.py)."""
+def pick_kernel(x: torch.Tensor, tile, stochastic: bool, four_over_six, codes_only: bool) -> str:
+    """rows: row tiles, every option (16x16 tiles, 4/6). slices: 1x16 blocks of strided views (the
+    wgrad operands), read along their contiguous axis. blocks: codes and scales of contiguous rows,
+    round to nearest, each thread holding whole blocks (bench/nvfp4_quant.py compares them)."""
     if tile != (1, BLOCK) or four_over_six is not None:
-        return False
-    if PREFER_SLICES is not None:
-        return PREFER_SLICES
-    return x.stride(1) != 1
+        return "rows"
+    blocks_apply = codes_only and not stochastic and x.stride(1) == 1
+    if FORCE_KERNEL is not None:
+        return FORCE_KERNEL if FORCE_KERNEL != "blocks" or blocks_apply else "rows"
+    if x.stride(1) != 1:
+        return "slices"
+    return "blocks" if blocks_apply else "rows"
 
 
 def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
     """max |x| (after the RHT when asked), one pass over x; x's dtype when rht is False."""
-    if not rht:
+    if not rht and FORCE_KERNEL != "blocks":
         return torch.linalg.vector_norm(x, float("inf"))
-    return amaxes(x)[1]
+    return amaxes(x, rht)[1]
 
 
-def amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(max |x|, max |RHT(x)|) as float32 scalars from one pass over x (blocks along its last axis)."""
+def amaxes(x: torch.Tensor, rht: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max |x|, max |RHT(x)|) as float32 scalars from one pass over x (blocks along its last axis);
+    rht=False skips the transform (both are then max |x|)."""
     check_input(x, (1, BLOCK))
     m, k = x.shape
     if m * k == 0:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)
         return zero, zero.clone()
+    if x.stride(1) == 1:  # contiguous rows: whole blocks per thread
+        grid = _block_grid(m, k)
+        rht_max, plain_max = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
+        _block_kernel[grid](x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max, plain_max, SCALE6=0.0,
+                            BM=BLOCK_TILE["BM"], G=BLOCK_TILE["G"], num_warps=BLOCK_TILE["num_warps"], RHT=rht,
+                            IS_BF16=x.dtype == torch.bfloat16, AMAX_ONLY=True, enable_fp_fusion=False)
+        return plain_max.amax(), rht_max.amax()
     grid = _slice_grid(m, k)
     rht_max, plain_max = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
     _slice_kernel[grid](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0, 0, rht_max,
                         rht_max, plain_max, 0, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
-                        num_warps=SLICE_TILE["num_warps"], RHT=True, IS_BF16=x.dtype == torch.bfloat16, SR=False,
+                        num_warps=SLICE_TILE["num_warps"], RHT=rht, IS_BF16=x.dtype == torch.bfloat16, SR=False,
                         WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, AMAX_ONLY=True,
                         enable_fp_fusion=False)
     return plain_max.amax(), rht_max.amax()
@@ -480,7 +554,14 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
     outs = (codes if codes is not None else dummy, scales if scales is not None else dummy,
             part if part is not None else dummy, part.stride(0) if part is not None else 0,
             part.stride(1) if part is not None else 0, dec if dec is not None else dummy)
-    if use_slices(x, tile, rht, stochastic, four_over_six):
+    kernel = pick_kernel(x, tile, stochastic, four_over_six, codes is not None and part is None)
+    if kernel == "blocks":
+        grid = _block_grid(m, k)
+        _block_kernel[grid](x, x.stride(0), m, k, amax, codes.view(torch.int32), scales, dummy, dummy,
+                            SCALE6=scale_max * 6.0, BM=BLOCK_TILE["BM"], G=BLOCK_TILE["G"],
+                            num_warps=BLOCK_TILE["num_warps"], RHT=rht, IS_BF16=x.dtype == torch.bfloat16,
+                            AMAX_ONLY=False, enable_fp_fusion=False)
+    elif kernel == "slices":
         _slice_kernel[_slice_grid(m, k)](*args, amax, *outs, dummy, dummy, seed, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
                                          num_warps=SLICE_TILE["num_warps"], AMAX_ONLY=False, **common)
     else:
