@@ -61,15 +61,17 @@ def block_sweep(xs) -> None:
     """Times the register-block kernel's tiles on the codes output (no RHT, RHT); keeps the fastest."""
     amax = {r: triton_kernels.global_amax(xs[0], r) for r in (False, True)}
     results = []
-    print("| block BM | G | warps | codes ms | codes RHT ms |")
-    print("|---|---|---|---|---|")
-    for bm, g, warps in ((16, 8, 4), (32, 4, 4), (32, 8, 4), (64, 4, 4), (64, 8, 8), (128, 4, 8), (32, 16, 8)):
+    print("| block BM | G | warps | codes ms | codes RHT ms | amaxes (plain + RHT) ms |")
+    print("|---|---|---|---|---|---|")
+    for bm, g, warps in ((16, 8, 4), (8, 16, 4), (4, 32, 4), (2, 64, 4), (1, 128, 4), (4, 64, 8), (2, 128, 8),
+                         (1, 256, 8), (2, 32, 2)):
         triton_kernels.BLOCK_TILE.update(BM=bm, G=g, num_warps=warps)
         j = iter(range(10**9))
         a = ms(lambda j=j: triton_kernels.quantize(xs[next(j) % 3], amax=amax[False]))
         b = ms(lambda j=j: triton_kernels.quantize(xs[next(j) % 3], rht=True, amax=amax[True]))
+        c = ms(lambda j=j: triton_kernels.amaxes(xs[next(j) % 3]))
         results.append((a + b, bm, g, warps))
-        print(f"| {bm} | {g} | {warps} | {a:.3f} | {b:.3f} |")
+        print(f"| {bm} | {g} | {warps} | {a:.3f} | {b:.3f} | {c:.3f} |")
     _, bm, g, warps = min(results)
     triton_kernels.BLOCK_TILE.update(BM=bm, G=g, num_warps=warps)
     print(f"fastest block tile: BM={bm} G={g} warps={warps}")
@@ -163,6 +165,8 @@ def main() -> None:
     amax = {r: triton_kernels.global_amax(x, r) for r in (False, True)}
     calls = [("device copy (read + write)", lambda x: dst.copy_(x), 2 * xbytes)]
     calls.append(("amax pass only, no RHT, block kernel", lambda x: triton_kernels.amaxes(x, rht=False)[0], xbytes))
+    calls.append(("amaxes (plain + RHT), block kernel", lambda x: triton_kernels.amaxes(x), xbytes))
+    calls.append(("amaxes (plain + RHT), slice kernel", lambda x: triton_kernels.amaxes(x, slices=True), xbytes))
     for rht in (False, True):
         tag = "RHT" if rht else "no RHT"
         calls += [

@@ -27,12 +27,16 @@ def same_bits(a, b) -> bool:
 
 def check_kernels(device: str, m: int = 48, k: int = 160) -> None:
     """Every kernel (row tiles, slices, register blocks) wherever it applies."""
+    tile = dict(triton_kernels.BLOCK_TILE)
+    if triton_kernels.INTERPRETING:  # the CPU interpreter runs every lane of a tile: keep tiles small there
+        triton_kernels.BLOCK_TILE.update(BM=2, G=8)
     try:
         for kernel in triton_kernels.KERNELS:
             triton_kernels.FORCE_KERNEL = kernel
             check_configs(device, m, k)
     finally:
         triton_kernels.FORCE_KERNEL = None
+        triton_kernels.BLOCK_TILE.update(tile)
 
 
 def check_configs(device: str, m: int, k: int) -> None:

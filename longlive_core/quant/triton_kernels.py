@@ -1,11 +1,15 @@
 """Triton kernels for NVFP4 quantization: the default on CUDA, bit-identical to the torch path.
 
-One kernel quantizes a 2-D view (any strides, so a transposed view is quantized along its
-other axis without a copy) in tiles of BM rows x BK columns: it can write the packed codes and
-E4M3 scales (``quantize``) and/or the "partial" dequantization q * S_dec in bfloat16, which is
-exact and is what the emulated NVFP4 GEMM multiplies (``quantize_partial``). The global amax
-comes from one reduction pass (with the RHT applied in registers when asked), so x is read twice
-unless the caller passes the amax.
+Three kernels quantize a 2-D view (any strides, so a transposed view is quantized along its
+other axis without a copy); ``pick_kernel`` chooses. They write the packed codes and E4M3 scales
+(``quantize``) and/or the "partial" dequantization q * S_dec in bfloat16, which is exact and is
+what the emulated NVFP4 GEMM multiplies (``quantize_partial``):
+- rows: tiles of BM rows x BK columns; every option (16x16 tiles, Four-Over-Six, SR, partial).
+- slices: 1x16 blocks of strided views as 16 elementwise slices (the wgrad operands, RHT and SR).
+- blocks: codes and scales of contiguous rows, round to nearest: each thread holds whole blocks,
+  so the RHT, block amax and nibble packing stay in registers; also the one-pass amaxes.
+The global amax comes from one reduction pass (with the RHT applied in registers when asked), so
+x is read twice unless the caller passes the amax.
 
 Bit-exactness with ``nvfp4.quantize_torch`` rests on doing the same float32 operations in the
 same order: IEEE division (``div_rn``), no fused multiply-adds (``enable_fp_fusion=False``), the
@@ -449,7 +453,7 @@ _SIGNS: dict[torch.device, torch.Tensor] = {}
 # tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
 TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
-BLOCK_TILE = {"BM": 32, "G": 8, "num_warps": 4}
+BLOCK_TILE = {"BM": 1, "G": 128, "num_warps": 4}  # bench/nvfp4_quant.py block_sweep
 KERNELS = ("rows", "slices", "blocks")
 FORCE_KERNEL: str | None = None  # None: pick_kernel decides; the tests and benches force each in turn
 
@@ -505,7 +509,7 @@ def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
     return amaxes(x, rht)[1]
 
 
-def amaxes(x: torch.Tensor, rht: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def amaxes(x: torch.Tensor, rht: bool = True, slices: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(max |x|, max |RHT(x)|) as float32 scalars from one pass over x (blocks along its last axis);
     rht=False skips the transform (both are then max |x|)."""
     check_input(x, (1, BLOCK))
@@ -513,7 +517,7 @@ def amaxes(x: torch.Tensor, rht: bool = True) -> tuple[torch.Tensor, torch.Tenso
     if m * k == 0:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)
         return zero, zero.clone()
-    if x.stride(1) == 1:  # contiguous rows: whole blocks per thread
+    if x.stride(1) == 1 and not slices:  # contiguous rows: whole blocks per thread
         grid = _block_grid(m, k)
         rht_max, plain_max = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
         _block_kernel[grid](x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max, plain_max, SCALE6=0.0,
