@@ -63,8 +63,7 @@ def block_sweep(xs) -> None:
     results = []
     print("| block BM | G | warps | codes ms | codes RHT ms | amaxes (plain + RHT) ms |")
     print("|---|---|---|---|---|---|")
-    for bm, g, warps in ((16, 8, 4), (8, 16, 4), (4, 32, 4), (2, 64, 4), (1, 128, 4), (4, 64, 8), (2, 128, 8),
-                         (1, 256, 8), (2, 32, 2)):
+    for bm, g, warps in ((1, 128, 4), (1, 256, 8), (2, 128, 8)):
         triton_kernels.BLOCK_TILE.update(BM=bm, G=g, num_warps=warps)
         j = iter(range(10**9))
         a = ms(lambda j=j: triton_kernels.quantize(xs[next(j) % 3], amax=amax[False]))
@@ -75,6 +74,18 @@ def block_sweep(xs) -> None:
     _, bm, g, warps = min(results)
     triton_kernels.BLOCK_TILE.update(BM=bm, G=g, num_warps=warps)
     print(f"fastest block tile: BM={bm} G={g} warps={warps}")
+    amax_results = []
+    print("| amax BLOCK_SIZE | ITERS | warps | plain amax pass ms |")
+    print("|---|---|---|---|")
+    for size, iters, warps in ((4096, 8, 8), (8192, 4, 8), (2048, 16, 4), (4096, 16, 8), (8192, 8, 16)):
+        triton_kernels.AMAX_TILE.update(BLOCK_SIZE=size, ITERS=iters, num_warps=warps)
+        j = iter(range(10**9))
+        t = ms(lambda j=j: triton_kernels.global_amax(xs[next(j) % 3], False))
+        amax_results.append((t, size, iters, warps))
+        print(f"| {size} | {iters} | {warps} | {t:.3f} |")
+    _, size, iters, warps = min(amax_results)
+    triton_kernels.AMAX_TILE.update(BLOCK_SIZE=size, ITERS=iters, num_warps=warps)
+    print(f"fastest amax tile: BLOCK_SIZE={size} ITERS={iters} warps={warps}")
 
 
 def sweep(xs) -> None:
@@ -164,9 +175,8 @@ def main() -> None:
     copy_bw = 2 * xbytes / copy_ms / 1e9
     amax = {r: triton_kernels.global_amax(x, r) for r in (False, True)}
     calls = [("device copy (read + write)", lambda x: dst.copy_(x), 2 * xbytes)]
-    calls.append(("amax pass only, no RHT, block kernel", lambda x: triton_kernels.amaxes(x, rht=False)[0], xbytes))
-    calls.append(("amaxes (plain + RHT), block kernel", lambda x: triton_kernels.amaxes(x), xbytes))
-    calls.append(("amaxes (plain + RHT), slice kernel", lambda x: triton_kernels.amaxes(x, slices=True), xbytes))
+    calls.append(("amax pass only, no RHT, torch vector_norm", lambda x: torch.linalg.vector_norm(x, float("inf")),
+                  xbytes))
     for rht in (False, True):
         tag = "RHT" if rht else "no RHT"
         calls += [

@@ -120,16 +120,17 @@ if triton is not None:
     def _e2m1(a, u, SR: tl.constexpr):
         """|v| <= 6 -> (E2M1 magnitude, its code 0..7): nearest, ties to even, or (SR) the upper
         neighbour with probability equal to the fractional distance (u uniform in [0, 1)).
-        Round to nearest adds c = 2^22, 2^23 or 2^24, whose float32 spacing (0.5, 1, 2) is E2M1's
-        step in that range; the code is then the number of steps above c plus 0, 2 or 4."""
+        Round to nearest adds c = 2^22, 2^23 or 2^24 (2^(22 + max(exponent of a, 0)), built from a's
+        exponent bits), whose float32 spacing (0.5, 1, 2) is E2M1's step in that range; the code is
+        then the number of steps above c plus 0, 2 or 4."""
         if SR:
             inv_step = tl.where(a < 2.0, 2.0, tl.where(a < 4.0, 1.0, 0.5))
             r = tl.minimum(tl.floor(a * inv_step + u) / inv_step, 6.0)
             code = tl.where(r <= 2.0, r * 2.0, tl.where(r <= 4.0, r + 2.0, 7.0)).to(tl.int32)
         else:
-            c = tl.where(a < 2.0, 4194304.0, tl.where(a < 4.0, 8388608.0, 16777216.0))
+            cb = tl.maximum(a.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000) + 0x0B000000
+            c = cb.to(tl.float32, bitcast=True)
             t = a + c
-            cb = c.to(tl.int32, bitcast=True)
             code = (t.to(tl.int32, bitcast=True) - cb) + ((cb - 0x4A800000) >> 22)
             r = t - c
         return r, code
@@ -438,6 +439,16 @@ if triton is not None:
             tl.store(scales_ptr + rm[:, None] * (K // 16) + rg[None, :], sbits, mask=mask)
 
     @triton.jit
+    def _absmax_kernel(x_ptr, n, out_ptr, BLOCK_SIZE: tl.constexpr, ITERS: tl.constexpr):
+        """max |x| of ITERS consecutive chunks of a contiguous tensor, one partial per program."""
+        start = tl.program_id(0).to(tl.int64) * (BLOCK_SIZE * ITERS)
+        acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+        for i in range(ITERS):
+            offs = start + i * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+            acc = tl.maximum(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
+        tl.store(out_ptr + tl.program_id(0), tl.max(acc, axis=0))
+
+    @triton.jit
     def _epilogue_kernel(acc_ptr, a_dec_ptr, b_dec_ptr, bias_ptr, out_ptr, numel, N, HAS_BIAS: tl.constexpr,
                          BLOCK_SIZE: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -453,6 +464,7 @@ _SIGNS: dict[torch.device, torch.Tensor] = {}
 # tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
 TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
+AMAX_TILE = {"BLOCK_SIZE": 4096, "ITERS": 8, "num_warps": 8}
 BLOCK_TILE = {"BM": 1, "G": 128, "num_warps": 4}  # bench/nvfp4_quant.py block_sweep
 KERNELS = ("rows", "slices", "blocks")
 FORCE_KERNEL: str | None = None  # None: pick_kernel decides; the tests and benches force each in turn
@@ -503,13 +515,20 @@ def pick_kernel(x: torch.Tensor, tile, stochastic: bool, four_over_six, codes_on
 
 
 def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
-    """max |x| (after the RHT when asked), one pass over x; x's dtype when rht is False."""
-    if not rht and FORCE_KERNEL != "blocks":
-        return torch.linalg.vector_norm(x, float("inf"))
-    return amaxes(x, rht)[1]
+    """max |x| (after the RHT when asked), one pass over x, as a float32 scalar."""
+    if rht or (FORCE_KERNEL == "blocks" and x.stride(1) == 1):
+        return amaxes(x, rht)[1]
+    if not x.is_contiguous():
+        return torch.linalg.vector_norm(x, float("inf")).float()
+    n = x.numel()
+    per_program = AMAX_TILE["BLOCK_SIZE"] * AMAX_TILE["ITERS"]
+    partial = torch.empty(triton.cdiv(n, per_program), dtype=torch.float32, device=x.device)
+    _absmax_kernel[(partial.numel(),)](x, n, partial, BLOCK_SIZE=AMAX_TILE["BLOCK_SIZE"], ITERS=AMAX_TILE["ITERS"],
+                                       num_warps=AMAX_TILE["num_warps"])
+    return partial.amax()
 
 
-def amaxes(x: torch.Tensor, rht: bool = True, slices: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def amaxes(x: torch.Tensor, rht: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(max |x|, max |RHT(x)|) as float32 scalars from one pass over x (blocks along its last axis);
     rht=False skips the transform (both are then max |x|)."""
     check_input(x, (1, BLOCK))
@@ -517,7 +536,7 @@ def amaxes(x: torch.Tensor, rht: bool = True, slices: bool = False) -> tuple[tor
     if m * k == 0:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)
         return zero, zero.clone()
-    if x.stride(1) == 1 and not slices:  # contiguous rows: whole blocks per thread
+    if x.stride(1) == 1:  # contiguous rows: whole blocks per thread
         grid = _block_grid(m, k)
         rht_max, plain_max = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
         _block_kernel[grid](x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max, plain_max, SCALE6=0.0,
