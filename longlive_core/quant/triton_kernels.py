@@ -464,8 +464,8 @@ _SIGNS: dict[torch.device, torch.Tensor] = {}
 # tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
 TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
-AMAX_TILE = {"BLOCK_SIZE": 4096, "ITERS": 8, "num_warps": 8}
-BLOCK_TILE = {"BM": 1, "G": 128, "num_warps": 4}  # bench/nvfp4_quant.py block_sweep
+AMAX_TILE = {"BLOCK_SIZE": 8192, "ITERS": 8, "num_warps": 16}  # bench/nvfp4_quant.py block_sweep
+BLOCK_TILE = {"BM": 1, "G": 256, "num_warps": 8}  # bench/nvfp4_quant.py block_sweep
 KERNELS = ("rows", "slices", "blocks")
 FORCE_KERNEL: str | None = None  # None: pick_kernel decides; the tests and benches force each in turn
 
