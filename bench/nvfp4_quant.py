@@ -40,74 +40,60 @@ def graph_ms(fn, xs) -> float:
     return ms(graph.replay) / len(xs)
 
 
+def tile_sweep(label: str, tile: dict, candidates: list[dict], calls: list[tuple[str, object]], xs,
+               scored: int | None = None) -> None:
+    """Times ``calls`` (name, fn(x)) for each candidate tile (rotating inputs), prints a table and
+    keeps in ``tile`` the candidate with the least total time of the first ``scored`` calls."""
+    keys = list(candidates[0])
+    print(f"| {label} " + " | ".join(keys) + " | " + " | ".join(f"{name} ms" for name, _ in calls) + " |")
+    print("|---" * (len(keys) + len(calls)) + "|")
+    best = None
+    for candidate in candidates:
+        tile.update(candidate)
+        times = []
+        for _, fn in calls:
+            j = iter(range(10**9))
+            times.append(ms(lambda j=j, fn=fn: fn(xs[next(j) % 3])))
+        score = sum(times[:scored])
+        best = min(best, (score, candidate), key=lambda b: b[0]) if best else (score, candidate)
+        print("| " + " | ".join(str(candidate[k]) for k in keys) + " | " + " | ".join(f"{t:.3f}" for t in times)
+              + " |")
+    tile.update(best[1])
+    print(f"fastest {label} tile: {best[1]}")
+
+
 def slice_sweep(xs) -> None:
-    """Times the slice kernel's tile shapes on the two wgrad calls; keeps the fastest."""
-    results = []
-    print("| slice BM | G | warps | transposed RHT ms | transposed RHT SR ms |")
-    print("|---|---|---|---|---|")
-    for bm, g, warps in ((32, 4, 4), (64, 2, 4), (64, 4, 4), (128, 2, 4), (128, 4, 8), (256, 2, 8), (32, 8, 4)):
-        triton_kernels.SLICE_TILE.update(BM=bm, G=g, num_warps=warps)
-        j = iter(range(10**9))
-        a = ms(lambda j=j: quantize_partial(xs[next(j) % 3].t(), rht=True))
-        b = ms(lambda j=j: quantize_partial(xs[next(j) % 3].t(), rht=True, stochastic=True))
-        results.append((a + b, bm, g, warps))
-        print(f"| {bm} | {g} | {warps} | {a:.3f} | {b:.3f} |")
-    _, bm, g, warps = min(results)
-    triton_kernels.SLICE_TILE.update(BM=bm, G=g, num_warps=warps)
-    print(f"fastest slice tile: BM={bm} G={g} warps={warps}")
+    """The slice kernel's tiles on the two wgrad calls."""
+    tile_sweep("slice", triton_kernels.SLICE_TILE,
+               [dict(BM=bm, G=g, num_warps=w) for bm, g, w in ((32, 4, 4), (64, 2, 4), (64, 4, 4), (128, 2, 4),
+                                                               (128, 4, 8), (256, 2, 8), (32, 8, 4))],
+               [("transposed RHT", lambda x: quantize_partial(x.t(), rht=True)),
+                ("transposed RHT SR", lambda x: quantize_partial(x.t(), rht=True, stochastic=True))], xs)
 
 
 def block_sweep(xs) -> None:
-    """Times the register-block kernel's tiles on the codes output (no RHT, RHT); keeps the fastest."""
+    """The register-block kernel's tiles on the codes output (the amaxes column is for reading), then
+    the plain amax pass's tiles."""
     amax = {r: triton_kernels.global_amax(xs[0], r) for r in (False, True)}
-    results = []
-    print("| block BM | G | warps | codes ms | codes RHT ms | amaxes (plain + RHT) ms |")
-    print("|---|---|---|---|---|---|")
-    for bm, g, warps in ((1, 128, 4), (1, 256, 8), (2, 128, 8)):
-        triton_kernels.BLOCK_TILE.update(BM=bm, G=g, num_warps=warps)
-        j = iter(range(10**9))
-        a = ms(lambda j=j: triton_kernels.quantize(xs[next(j) % 3], amax=amax[False]))
-        b = ms(lambda j=j: triton_kernels.quantize(xs[next(j) % 3], rht=True, amax=amax[True]))
-        c = ms(lambda j=j: triton_kernels.amaxes(xs[next(j) % 3]))
-        results.append((a + b, bm, g, warps))
-        print(f"| {bm} | {g} | {warps} | {a:.3f} | {b:.3f} | {c:.3f} |")
-    _, bm, g, warps = min(results)
-    triton_kernels.BLOCK_TILE.update(BM=bm, G=g, num_warps=warps)
-    print(f"fastest block tile: BM={bm} G={g} warps={warps}")
-    amax_results = []
-    print("| amax BLOCK_SIZE | ITERS | warps | plain amax pass ms |")
-    print("|---|---|---|---|")
-    for size, iters, warps in ((4096, 8, 8), (8192, 4, 8), (2048, 16, 4), (4096, 16, 8), (8192, 8, 16)):
-        triton_kernels.AMAX_TILE.update(BLOCK_SIZE=size, ITERS=iters, num_warps=warps)
-        j = iter(range(10**9))
-        t = ms(lambda j=j: triton_kernels.global_amax(xs[next(j) % 3], False))
-        amax_results.append((t, size, iters, warps))
-        print(f"| {size} | {iters} | {warps} | {t:.3f} |")
-    _, size, iters, warps = min(amax_results)
-    triton_kernels.AMAX_TILE.update(BLOCK_SIZE=size, ITERS=iters, num_warps=warps)
-    print(f"fastest amax tile: BLOCK_SIZE={size} ITERS={iters} warps={warps}")
+    tile_sweep("block", triton_kernels.BLOCK_TILE,
+               [dict(BM=bm, G=g, num_warps=w) for bm, g, w in ((1, 128, 4), (1, 256, 8), (2, 128, 8))],
+               [("codes", lambda x: triton_kernels.quantize(x, amax=amax[False])),
+                ("codes RHT", lambda x: triton_kernels.quantize(x, rht=True, amax=amax[True])),
+                ("amaxes (plain + RHT)", lambda x: triton_kernels.amaxes(x))], xs, scored=2)
+    tile_sweep("amax", triton_kernels.AMAX_TILE,
+               [dict(BLOCK_SIZE=b, ITERS=i, num_warps=w) for b, i, w in ((4096, 8, 8), (8192, 4, 8), (2048, 16, 4),
+                                                                         (4096, 16, 8), (8192, 8, 16))],
+               [("plain amax pass", lambda x: triton_kernels.global_amax(x, False))], xs)
 
 
 def sweep(xs) -> None:
-    """Times quantize (1x16, amax given) and the RHT partial on a transposed view for each tile."""
+    """The row-tile kernel's tiles: quantize (1x16, amax given) and the RHT partial of a transposed view."""
     amax = triton_kernels.global_amax(xs[0], False)
-    results = []
-    print("| BM | BK | warps | quantize ms | RHT partial (transposed) ms |")
-    print("|---|---|---|---|---|")
-    for bm in (16, 32, 64):
-        for bk in (64, 128, 256):
-            for warps in (4, 8):
-                if bm * bk > 8192:
-                    continue
-                triton_kernels.TILE.update(BM=bm, BK=bk, num_warps=warps)
-                j = iter(range(10**9))
-                q = ms(lambda j=j: triton_kernels.quantize(xs[next(j) % 3], amax=amax))
-                p = ms(lambda j=j: quantize_partial(xs[next(j) % 3].t(), rht=True))
-                results.append((q + p, bm, bk, warps))
-                print(f"| {bm} | {bk} | {warps} | {q:.3f} | {p:.3f} |")
-    _, bm, bk, warps = min(results)
-    triton_kernels.TILE.update(BM=bm, BK=bk, num_warps=warps)
-    print(f"fastest tile: BM={bm} BK={bk} warps={warps}")
+    tile_sweep("row", triton_kernels.TILE,
+               [dict(BM=bm, BK=bk, num_warps=w) for bm in (16, 32, 64) for bk in (64, 128, 256) for w in (4, 8)
+                if bm * bk <= 8192],
+               [("quantize", lambda x: triton_kernels.quantize(x, amax=amax)),
+                ("RHT partial (transposed)", lambda x: quantize_partial(x.t(), rht=True))], xs)
 
 
 def compare_kernels(xs) -> None:
