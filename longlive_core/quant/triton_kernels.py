@@ -52,6 +52,7 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 if triton is not None:
     _FLT_MAX = tl.constexpr(FLT_MAX)
+    _HW_ROUND = tl.constexpr(not INTERPRETING)
 
     @triton.jit
     def _round_e4m3(v):
@@ -65,7 +66,10 @@ if triton is not None:
 
     @triton.jit
     def _round_bf16(v):
-        """float32 -> the nearest bfloat16 value (ties to even), still float32."""
+        """float32 -> the nearest bfloat16 value (ties to even), still float32: the GPU's rounding
+        convert, or integer arithmetic under the CPU interpreter (whose casts truncate)."""
+        if _HW_ROUND:
+            return v.to(tl.bfloat16).to(tl.float32)
         bits = v.to(tl.int32, bitcast=True)
         return ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
 
@@ -246,9 +250,12 @@ if triton is not None:
         return a + b, a - b
 
     @triton.jit
-    def _rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16: tl.constexpr):
+    def _rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16: tl.constexpr,
+               ROUND: tl.constexpr):
         """The RHT of one block held as 16 separate slices: signs, then the butterfly at strides 1, 2, 4,
-        8 (the order of hadamard._butterfly), then / 4, rounded through the input dtype."""
+        8 (the order of hadamard._butterfly), then (ROUND) / 4, rounded through the input dtype.
+        Without ROUND the caller applies _q4 itself, e.g. once to a maximum: _q4 is odd and monotonic,
+        so the largest |_q4(v)| is _q4 of the largest |v|."""
         x3, x5, x6, x7, x8, x9, x10, x12, x14, x15 = -x3, -x5, -x6, -x7, -x8, -x9, -x10, -x12, -x14, -x15
         x0, x1 = _bf(x0, x1)
         x2, x3 = _bf(x2, x3)
@@ -282,6 +289,8 @@ if triton is not None:
         x5, x13 = _bf(x5, x13)
         x6, x14 = _bf(x6, x14)
         x7, x15 = _bf(x7, x15)
+        if not ROUND:
+            return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
         return (_q4(x0, IS_BF16), _q4(x1, IS_BF16), _q4(x2, IS_BF16), _q4(x3, IS_BF16), _q4(x4, IS_BF16),
                 _q4(x5, IS_BF16), _q4(x6, IS_BF16), _q4(x7, IS_BF16), _q4(x8, IS_BF16), _q4(x9, IS_BF16),
                 _q4(x10, IS_BF16), _q4(x11, IS_BF16), _q4(x12, IS_BF16), _q4(x13, IS_BF16), _q4(x14, IS_BF16),
@@ -350,10 +359,13 @@ if triton is not None:
             tl.store(plain_max_ptr + tile_id, tl.max(tl.max(plain, axis=1), axis=0))
         if RHT:
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
-                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16)
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16, not AMAX_ONLY)
         bamax = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
         if AMAX_ONLY:
-            tl.store(max_ptr + tile_id, tl.max(tl.max(bamax, axis=1), axis=0))
+            tile_max = tl.max(tl.max(bamax, axis=1), axis=0)
+            if RHT:
+                tile_max = _q4(tile_max, IS_BF16)
+            tl.store(max_ptr + tile_id, tile_max)
         else:
             s_enc = _encode_scale(amax_ptr, SCALE6)
             if WRITE_DEC:
@@ -426,10 +438,13 @@ if triton is not None:
             tl.store(plain_max_ptr + tile_id, tl.max(tl.max(plain, axis=1), axis=0))
         if RHT:
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
-                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16)
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16, not AMAX_ONLY)
         bamax = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
         if AMAX_ONLY:
-            tl.store(max_ptr + tile_id, tl.max(tl.max(bamax, axis=1), axis=0))
+            tile_max = tl.max(tl.max(bamax, axis=1), axis=0)
+            if RHT:
+                tile_max = _q4(tile_max, IS_BF16)
+            tl.store(max_ptr + tile_id, tile_max)
         else:
             s_dec, enc = _block_scales(bamax, _encode_scale(amax_ptr, SCALE6))
             words = codes_ptr + rm[:, None] * (K // 8) + rg[None, :] * 2
