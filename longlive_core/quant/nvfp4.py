@@ -36,7 +36,7 @@ from typing import Literal
 
 import torch
 
-from longlive_core.quant.hadamard import inverse_rht
+from longlive_core.quant.hadamard import inverse_rht as undo_rht  # dequantize's flag has the function's name
 from longlive_core.quant.hadamard import rht as apply_rht
 
 BLOCK = 16
@@ -74,12 +74,8 @@ class NVFP4Tensor:
         scaled = self.values().view(m, k // BLOCK, BLOCK) * self.scales.float()[..., None]
         out = (scaled / self.encode_scale).view(m, k)
         if inverse_rht and self.rht:
-            out = inverse_rht_f32(out)
+            out = undo_rht(out)  # float32 already
         return out.to(dtype)
-
-
-def inverse_rht_f32(x: torch.Tensor) -> torch.Tensor:
-    return inverse_rht(x.float())
 
 
 def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
