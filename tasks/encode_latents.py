@@ -5,6 +5,7 @@ torchrun with P ranks (each encodes on its own device; they exchange through NCC
 the CPU): Balanced-SP chunk-halo encoding."""
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from pathlib import Path
@@ -68,7 +69,8 @@ def main() -> None:
         device = pick_device(cfg.device)
         if device.type == "cuda":  # NCCL between GPUs: each rank's chunk latents go GPU to GPU
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # rank 0 loads the text encoder alone before the first collective: wait longer than NCCL's 10 min
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=1))
         comm = Comm(dist.get_rank(), dist.get_world_size(), device)
         if comm.world != cfg.sp:
             raise ConfigError(f"encode_latents.sp is {cfg.sp} but torchrun started {comm.world} ranks")

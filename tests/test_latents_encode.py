@@ -1,6 +1,8 @@
 """encode_samples on its own: a failing shot skips its sample and is reported; shards and index."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -81,10 +83,13 @@ def test_a_rerun_redoes_what_changed_and_drops_what_left(tmp_path):
 
     first, index = run(samples, shots)
     assert first["samples_encoded"] == 1 and list(index["caption"]) == ["one", "two"]
-    # a changed split is metadata: the latents stay, the index follows (no val rows left in train)
+    # a changed split is metadata: the latents stay, the index follows (no val rows left in train);
+    # a temporary a killed run left behind is cleared
+    (out / "shards" / ".tmp-shard-00009.safetensors.abc").write_bytes(b"half")
     moved = samples.assign(split=["val"])
     counts, index = run(moved, shots)
     assert (counts["samples_encoded"], counts["samples_reused"]) == (0, 1) and set(index["split"]) == {"val"}
+    assert not list((out / "shards").glob(".tmp-*")) and counts["samples_stale"] == 0
     # an edited caption re-embeds the sample; the shard only it used is deleted
     edited = moved.assign(captions=[["one", "changed"]])
     counts, index = run(edited, shots)
@@ -96,7 +101,12 @@ def test_a_rerun_redoes_what_changed_and_drops_what_left(tmp_path):
     recut.loc[0, ["clip_member", "end_frame"]] = ["v1/0000-recut.mp4", 13]
     counts, index = run(edited, recut)
     assert counts["samples_encoded"] == 1 and list(index["latent_shape"][0]) == [48, 4, 2, 2]  # 13 frames -> 4
-    # a sample that left the selection leaves the index, and its shard goes
+    # a smaller selection keeps what was encoded; a sample gone from the samples table leaves the
+    # index, and its shard goes
+    narrow = dataclasses.replace(cfg, split="train")
+    counts = encode_samples(edited, recut, clips, out / "shards", out / "index.parquet", out / "failed.parquet",
+                            narrow, Comm())
+    assert counts["samples_selected"] == 0 and len(pd.read_parquet(out / "index.parquet")) == 2
     counts, index = run(edited.iloc[:0], recut)
     assert counts["samples_dropped"] == 1 and index.empty and not list((out / "shards").iterdir())
 

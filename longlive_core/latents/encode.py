@@ -10,7 +10,7 @@ Output: ``shards/shard-NNNNN.safetensors`` (tensors ``<sample_id>/<k>/latents`` 
 samples. Each sample's index rows carry a fingerprint of what its tensors were made from (its shots'
 clips and frame ranges, its captions, the encode settings and the model weights' identity): a rerun
 keeps the samples whose fingerprint still matches, re-encodes those whose inputs changed, drops the
-rows of samples no longer selected, refreshes the split column, and deletes shards no row refers
+rows of samples gone from the samples table, refreshes the split column, and deletes shards no row refers
 to. A shard is recorded in the index only once it is written.
 """
 from __future__ import annotations
@@ -47,6 +47,10 @@ INDEX_COLUMNS = ["sample_id", "shot", "video_id", "shot_index", "shard", "latent
                  "num_frames", "caption", "split", "encode_key", "fingerprint"]
 
 
+# Bump when normalisation or encoding code changes what is stored: every sample is then redone.
+ENCODE_VERSION = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class EncodeLatentsConfig:
     vae: str = "tiny"  # "tiny", or a local Diffusers vae/ directory
@@ -77,8 +81,8 @@ class EncodeLatentsConfig:
     def encode_key(self) -> str:
         """What the stored latents depend on; a change re-encodes everything."""
         c = self.clip
-        return (f"vae={self.vae};text={self.text_encoder}:{self.text_max_length};fps={c.fps};{c.height}x{c.width};"
-                f"fit={c.fit};halo={self.halo};store={self.store_dtype}")
+        return (f"v={ENCODE_VERSION};vae={self.vae};text={self.text_encoder}:{self.text_max_length};fps={c.fps};"
+                f"{c.height}x{c.width};fit={c.fit};portrait={c.portrait};halo={self.halo};store={self.store_dtype}")
 
 
 @dataclasses.dataclass
@@ -195,17 +199,28 @@ def select_samples(samples: pd.DataFrame, cfg: EncodeLatentsConfig) -> pd.DataFr
     return picked.head(cfg.max_samples) if cfg.max_samples else picked
 
 
-def sample_fingerprints(picked: pd.DataFrame, shot_rows: pd.DataFrame, key: str) -> dict[str, str]:
-    """sample_id -> digest of everything its stored tensors depend on (the split is not: it is metadata)."""
+def sample_fingerprints(samples: pd.DataFrame, shot_rows: pd.DataFrame, clips_dir: Path, key: str) -> dict[str, str]:
+    """sample_id -> digest of everything its stored tensors depend on (the split is not: it is metadata).
+    A clip is named by its shard, member and frame range, and its shard file by size and mtime (a
+    re-split that reuses shard names changes those)."""
     out = {}
-    for sample in picked.itertuples(index=False):
+    shard_stats: dict[str, list[int] | None] = {}
+    for sample in samples.itertuples(index=False):
         shots = []
         for shot_index in sample.shot_indices:
             try:
                 row = shot_rows.loc[(sample.video_id, int(shot_index))]
-                shots.append([row.clip_shard, row.clip_member, int(row.start_frame), int(row.end_frame)])
             except KeyError:
                 shots.append(None)  # fails at encode time and is reported there
+                continue
+            if row.clip_shard not in shard_stats:
+                try:
+                    st = (clips_dir / str(row.clip_shard)).stat()
+                    shard_stats[row.clip_shard] = [st.st_size, st.st_mtime_ns]
+                except (OSError, TypeError):
+                    shard_stats[row.clip_shard] = None
+            shots.append([row.clip_shard, row.clip_member, int(row.start_frame), int(row.end_frame),
+                          shard_stats[row.clip_shard]])
         captions = list(sample.captions) if sample.captions is not None else None
         out[sample.sample_id] = digest_json([key, shots, captions])
     return out
@@ -221,11 +236,12 @@ def load_index(path: Path) -> pd.DataFrame:
     return index[INDEX_COLUMNS]
 
 
-def reusable_rows(index: pd.DataFrame, picked: pd.DataFrame, fingerprints: dict[str, str]) -> pd.DataFrame:
-    """The index rows still valid for the selected samples, with today's split."""
+def reusable_rows(index: pd.DataFrame, samples: pd.DataFrame, fingerprints: dict[str, str]) -> pd.DataFrame:
+    """The index rows still valid for samples that still exist (selected or not: a smaller
+    selection, e.g. max_samples, keeps what was encoded before), with today's split."""
     current = index["sample_id"].map(fingerprints)
     keep = index[current.notna() & (index["fingerprint"] == current)].copy()
-    keep["split"] = keep["sample_id"].map(picked.set_index("sample_id")["split"])
+    keep["split"] = keep["sample_id"].map(samples.set_index("sample_id")["split"])
     return keep.reset_index(drop=True)
 
 
@@ -251,15 +267,15 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
            f";text_weights={weights_identity(cfg.text_encoder)};text_dtype={text_dtype(device)}")
     picked = select_samples(samples, cfg)
     shot_rows = shots.set_index(["video_id", "shot_index"])
-    fingerprints = sample_fingerprints(picked, shot_rows, key)
+    fingerprints = sample_fingerprints(samples, shot_rows, clips_dir, key)
     done = pd.DataFrame(columns=INDEX_COLUMNS)
-    stale = 0
+    stale = dropped = 0
     if comm.rank == 0:
         previous = load_index(index_path)
-        done = reusable_rows(previous, picked, fingerprints)
-        selected = previous["sample_id"].isin(fingerprints)
-        stale = previous.loc[selected, "sample_id"].nunique() - done["sample_id"].nunique()
-        dropped = previous.loc[~selected, "sample_id"].nunique()
+        done = reusable_rows(previous, samples, fingerprints)
+        existing = previous["sample_id"].isin(fingerprints)
+        stale = previous.loc[existing, "sample_id"].nunique() - done["sample_id"].nunique()
+        dropped = previous.loc[~existing, "sample_id"].nunique()
     if comm.world > 1:  # every rank must walk the same list of samples
         import torch.distributed as dist
 
@@ -270,13 +286,13 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
         done_ids = set(done["sample_id"])
     if comm.rank == 0:
         shard_dir.mkdir(parents=True, exist_ok=True)
-        for stale in shard_dir.glob(f"{TMP_PREFIX}*"):
-            stale.unlink()
+        for leftover in shard_dir.glob(f"{TMP_PREFIX}*"):  # from a killed run
+            leftover.unlink()
     todo = picked[~picked["sample_id"].isin(done_ids)]
     sink = ShardSink(shard_dir, int(cfg.shard_max_mb * 1024 * 1024)) if comm.rank == 0 else None
     new_rows: list[dict] = []
     failed: list[dict] = []
-    counts = {"samples_selected": int(len(picked)), "samples_reused": len(done_ids),
+    counts = {"samples_selected": int(len(picked)), "samples_reused": int(picked["sample_id"].isin(done_ids).sum()),
               "samples_encoded": 0, "samples_failed": 0, "shots_encoded": 0, "frames_encoded": 0,
               "latents_kept": 0, "latents_encoded": 0, "latents_encoded_max_rank": 0, "frames_trimmed": 0,
               "frames_repeated": 0, "frames_dropped": 0, "rotated_shots": 0, "portrait_shots": 0, "halo": halo,
@@ -355,8 +371,8 @@ def encode_shot(vae, clip, halo: int, comm: Comm, device: torch.device, counts: 
         return None
     c = chunks[comm.rank]
     video = frames_to_input(clip.frames[c.raw_start:c.raw_end], device)  # only this rank's frames move
-    z = encode_video(vae, video)[:, c.drop:].float().cpu()
-    return z if len(chunks) == 1 else comm.exchange(z, chunks, z)
+    z = encode_video(vae, video)[:, c.drop:].float()  # stays on the device for NCCL; exchange returns CPU
+    return z.cpu() if len(chunks) == 1 else comm.exchange(z, chunks, z)
 
 
 def _write_index(path: Path, done: pd.DataFrame, new_rows: list[dict]) -> pd.DataFrame:
