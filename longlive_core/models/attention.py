@@ -45,7 +45,8 @@ def _compiled_flex():
 @functools.lru_cache(maxsize=16)
 def block_mask_for(mask_mod: MaskMod, q_len: int, kv_len: int, device: torch.device):
     """The FlexAttention block mask of a mask_mod at these lengths, built once and shared by every
-    layer and call that uses the same mask_mod object."""
+    layer and call that uses the same mask_mod object. So a mask_mod must be a pure function of its
+    indices: one that reads a tensor changed in place later would get its old mask."""
     from torch.nn.attention.flex_attention import create_block_mask
     return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
 

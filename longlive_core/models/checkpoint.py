@@ -155,15 +155,20 @@ SHARD_PATTERN = "diffusion_pytorch_model*.safetensors*"  # the shards and the in
 def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 1024**3) -> None:
     """Writes the original layout (safetensors shards plus a weight-map index) as a whole: into a
     staging folder beside ``directory``, which then takes its place, so a crash leaves the old
-    checkpoint or the new one, never a mix. A folder holding anything else is refused."""
+    checkpoint or the new one, never a mix (a crash between the two renames leaves the old one
+    aside, and the next save puts it back first). A folder holding anything else is refused."""
     directory = Path(directory)
+    if directory.is_symlink():
+        raise CheckpointError(f"{directory} is a symbolic link; save the DiT into a real folder")
+    staging = directory.with_name(f"{TMP_PREFIX}{directory.name}.saving")
+    replaced = directory.with_name(f"{TMP_PREFIX}{directory.name}.replaced")
+    if not directory.exists() and replaced.is_dir():  # a save died between its two renames
+        os.replace(replaced, directory)
     if directory.exists():
         foreign = sorted(p.name for p in directory.iterdir() if not p.match(SHARD_PATTERN))
         if foreign:
             raise CheckpointError(f"{directory} holds other files ({', '.join(foreign[:5])}); save the DiT into "
                                   "an empty folder or one that holds only an earlier save_dit checkpoint")
-    staging = directory.with_name(f"{TMP_PREFIX}{directory.name}.saving")
-    replaced = directory.with_name(f"{TMP_PREFIX}{directory.name}.replaced")
     for leftover in (staging, replaced):  # from a save that crashed
         shutil.rmtree(leftover, ignore_errors=True)
     staging.mkdir(parents=True)

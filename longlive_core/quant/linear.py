@@ -44,12 +44,10 @@ def _pad_rows(t: torch.Tensor) -> torch.Tensor:
     return F.pad(t, (0, 0, 0, extra)) if extra else t
 
 
-def _amaxes_along_tokens(t2: torch.Tensor, backend) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(t2 zero-padded to whole token blocks, max |t2|, max |RHT along tokens|): one pass gives the
+def _amaxes_along_tokens(t2: torch.Tensor, backend) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max |t2|, max |RHT along tokens| of t2 zero-padded to whole token blocks): one pass gives the
     amax of the row-wise operand and of the wgrad operand (the RHT'd transpose)."""
-    padded = _pad_rows(t2)
-    plain, rht = operand_amaxes(padded.t(), backend)
-    return padded, plain, rht
+    return operand_amaxes(_pad_rows(t2).t(), backend)
 
 
 class _NVFP4LinearFn(torch.autograd.Function):
@@ -59,16 +57,15 @@ class _NVFP4LinearFn(torch.autograd.Function):
         x_amax = xt_amax = None
         fused = for_backward and recipe.wgrad_rht and recipe.four_over_six is None
         if fused:  # the wgrad operand's amax now, from the same read as the forward's
-            x2, x_amax, xt_amax = _amaxes_along_tokens(x2, recipe.backend)
-        tokens = x.numel() // x.shape[-1]
-        xp, xd = quantize_partial(x2[:tokens], (1, BLOCK), four_over_six=recipe.four_over_six,
-                                  backend=recipe.backend, amax=x_amax)
+            x_amax, xt_amax = _amaxes_along_tokens(x2, recipe.backend)
+        xp, xd = quantize_partial(x2, (1, BLOCK), four_over_six=recipe.four_over_six, backend=recipe.backend,
+                                  amax=x_amax)
         wp, wd = quantize_partial(weight, recipe.weight_tile, four_over_six=recipe.four_over_six,
                                   backend=recipe.backend)
         y = emulated_mm(xp, xd, wp.t(), wd, bias, x.dtype, recipe.backend)
         if probe is not None:
             probe["weight"] = sqnr_db(weight, wp.float() * wd)
-            probe["input"] = sqnr_db(x2[:tokens], xp.float() * xd)
+            probe["input"] = sqnr_db(x2, xp.float() * xd)
         ctx.save_for_backward(x2, wp, wd, xt_amax)
         ctx.recipe, ctx.probe, ctx.x_shape, ctx.has_bias = recipe, probe, x.shape, bias is not None
         ctx.weight_dtype = weight.dtype
@@ -76,20 +73,18 @@ class _NVFP4LinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy):
-        x2, wp, wd, xt_amax = ctx.saved_tensors  # x2 padded to whole token blocks when xt_amax is set
+        x2, wp, wd, xt_amax = ctx.saved_tensors
         r: NVFP4Recipe = ctx.recipe
         g2 = gy.reshape(-1, gy.shape[-1])
-        tokens = g2.shape[0]
         grad_x = grad_w = grad_b = None
         g_amax = gt_amax = None
         if xt_amax is not None and ctx.needs_input_grad[1]:
-            g2, g_amax, gt_amax = _amaxes_along_tokens(g2, r.backend)
+            g_amax, gt_amax = _amaxes_along_tokens(g2, r.backend)
         if ctx.needs_input_grad[0]:
-            gp, gd = quantize_partial(g2[:tokens], (1, BLOCK), stochastic=r.grad_stochastic, backend=r.backend,
-                                      amax=g_amax)
+            gp, gd = quantize_partial(g2, (1, BLOCK), stochastic=r.grad_stochastic, backend=r.backend, amax=g_amax)
             grad_x = emulated_mm(gp, gd, wp, wd, out_dtype=gy.dtype, backend=r.backend).view(ctx.x_shape)
             if ctx.probe is not None:
-                ctx.probe["grad_output"] = sqnr_db(g2[:tokens], gp.float() * gd)
+                ctx.probe["grad_output"] = sqnr_db(g2, gp.float() * gd)
         if ctx.needs_input_grad[1]:
             gt, gtd = quantize_partial(_pad_rows(g2).t(), (1, BLOCK), rht=r.wgrad_rht,
                                        stochastic=r.grad_stochastic, backend=r.backend, amax=gt_amax)
@@ -98,7 +93,6 @@ class _NVFP4LinearFn(torch.autograd.Function):
             grad_w = emulated_mm(gt, gtd, xt.t(), xtd, out_dtype=ctx.weight_dtype, backend=r.backend)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0, dtype=torch.float32)  # accumulates in float32 without a float32 copy of g
-            # (zero padding rows, if any, add nothing)
         return grad_x, grad_w, grad_b, None, None, None
 
 

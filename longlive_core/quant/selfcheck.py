@@ -86,6 +86,16 @@ def check_edge_inputs(device: str) -> None:
     part, dec = triton_kernels.quantize_partial(empty)
     ref_part, ref_dec = quantize_partial(empty, backend="torch")
     assert part.shape == ref_part.shape and torch.equal(dec.cpu(), ref_dec.cpu())
+    amax = torch.tensor(3.0)  # a given amax decides the decode scale even of an empty tensor
+    assert torch.equal(triton_kernels.quantize_partial(empty, amax=amax)[1].cpu(),
+                       quantize_partial(empty, backend="torch", amax=amax)[1].cpu())
+    # a NaN anywhere makes the amaxes and the decode scale NaN on both paths (it is not skipped)
+    x = torch.randn(32, 64, device=device)
+    x[5, 7] = float("nan")
+    for view in (x, x.t()):
+        assert all(a.isnan() for a in triton_kernels.amaxes(view)), "amaxes skipped a NaN"
+        assert triton_kernels.global_amax(view, False).isnan() and triton_kernels.global_amax(view, True).isnan()
+        assert triton_kernels.quantize_partial(view)[1].isnan() and quantize_partial(view, backend="torch")[1].isnan()
     for bad in (torch.zeros(2, 3, 32, device=device), torch.zeros(4, 24, device=device)):
         for fn in (triton_kernels.quantize, triton_kernels.quantize_partial):
             try:

@@ -32,6 +32,7 @@ from longlive_core.quant.nvfp4 import (
     FOUR_OVER_SIX_E4M3_MAX,
     NVFP4Tensor,
     check_input,
+    global_encode_scale,
 )
 
 try:
@@ -159,7 +160,7 @@ if triton is not None:
         amax = tl.load(amax_ptr).to(tl.float32)
         s = tl.math.div_rn(SCALE6, amax)
         s = tl.where((amax == 0) | (s == 0), 1.0, s)
-        return tl.minimum(s, _FLT_MAX)
+        return tl.minimum(s, _FLT_MAX, propagate_nan=tl.PropagateNan.ALL)  # a NaN amax makes NaN scales
 
     @triton.jit
     def _uniform16(seed, offs):
@@ -308,12 +309,22 @@ if triton is not None:
         return tl.load(ptr + p * sxk, mask=mask, other=0.0).to(tl.float32)
 
     @triton.jit
+    def _nanmax(a, b):
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+    @triton.jit
     def _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15):
-        a = tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3)))
-        b = tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7)))
-        c = tl.maximum(tl.maximum(tl.abs(x8), tl.abs(x9)), tl.maximum(tl.abs(x10), tl.abs(x11)))
-        d = tl.maximum(tl.maximum(tl.abs(x12), tl.abs(x13)), tl.maximum(tl.abs(x14), tl.abs(x15)))
-        return tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
+        """Block max |x|, NaN if any element is (as torch's amax)."""
+        a = _nanmax(_nanmax(tl.abs(x0), tl.abs(x1)), _nanmax(tl.abs(x2), tl.abs(x3)))
+        b = _nanmax(_nanmax(tl.abs(x4), tl.abs(x5)), _nanmax(tl.abs(x6), tl.abs(x7)))
+        c = _nanmax(_nanmax(tl.abs(x8), tl.abs(x9)), _nanmax(tl.abs(x10), tl.abs(x11)))
+        d = _nanmax(_nanmax(tl.abs(x12), tl.abs(x13)), _nanmax(tl.abs(x14), tl.abs(x15)))
+        return _nanmax(_nanmax(a, b), _nanmax(c, d))
+
+    @triton.jit
+    def _tile_max(v):
+        """max of a tile, NaN if any element is (tl.max would skip NaN)."""
+        return tl.reduce(v, None, _nanmax)
 
     @triton.jit
     def _emit_pair(xa, xb, pa, enc, s_dec, ua, ub, part_ptrs, spk, codes_ptrs, mask, SR: tl.constexpr,
@@ -356,13 +367,13 @@ if triton is not None:
         tile_id = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         if AMAX_ONLY:  # the plain amax too, from the same read (both operands of one tensor)
             plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
-            tl.store(plain_max_ptr + tile_id, tl.max(tl.max(plain, axis=1), axis=0))
+            tl.store(plain_max_ptr + tile_id, _tile_max(plain))
         if RHT:
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16, not AMAX_ONLY)
         bamax = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
         if AMAX_ONLY:
-            tile_max = tl.max(tl.max(bamax, axis=1), axis=0)
+            tile_max = _tile_max(bamax)
             if RHT:
                 tile_max = _q4(tile_max, IS_BF16)
             tl.store(max_ptr + tile_id, tile_max)
@@ -435,13 +446,13 @@ if triton is not None:
         tile_id = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         if AMAX_ONLY:
             plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
-            tl.store(plain_max_ptr + tile_id, tl.max(tl.max(plain, axis=1), axis=0))
+            tl.store(plain_max_ptr + tile_id, _tile_max(plain))
         if RHT:
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16, not AMAX_ONLY)
         bamax = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
         if AMAX_ONLY:
-            tile_max = tl.max(tl.max(bamax, axis=1), axis=0)
+            tile_max = _tile_max(bamax)
             if RHT:
                 tile_max = _q4(tile_max, IS_BF16)
             tl.store(max_ptr + tile_id, tile_max)
@@ -460,8 +471,8 @@ if triton is not None:
         acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
         for i in range(ITERS):
             offs = start + i * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-            acc = tl.maximum(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
-        tl.store(out_ptr + tl.program_id(0), tl.max(acc, axis=0))
+            acc = _nanmax(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
+        tl.store(out_ptr + tl.program_id(0), _tile_max(acc))
 
     @triton.jit
     def _epilogue_kernel(acc_ptr, a_dec_ptr, b_dec_ptr, bias_ptr, out_ptr, numel, N, HAS_BIAS: tl.constexpr,
@@ -519,6 +530,8 @@ def pick_kernel(x: torch.Tensor, tile, stochastic: bool, four_over_six, codes_on
     """rows: row tiles, every option (16x16 tiles, 4/6). slices: 1x16 blocks of strided views (the
     wgrad operands), read along their contiguous axis. blocks: codes and scales of contiguous rows,
     round to nearest, each thread holding whole blocks (bench/nvfp4_quant.py compares them)."""
+    if FORCE_KERNEL not in (None, *KERNELS):
+        raise ValueError(f"FORCE_KERNEL must be None or one of {KERNELS}; got {FORCE_KERNEL!r}")
     if tile != (1, BLOCK) or four_over_six is not None:
         return "rows"
     blocks_apply = codes_only and not stochastic and x.stride(1) == 1
@@ -547,6 +560,8 @@ def amaxes(x: torch.Tensor, rht: bool = True) -> tuple[torch.Tensor, torch.Tenso
     """(max |x|, max |RHT(x)|) as float32 scalars from one pass over x (blocks along its last axis);
     rht=False skips the transform (both are then max |x|)."""
     check_input(x, (1, BLOCK))
+    if not x.is_cuda and not INTERPRETING:
+        raise ValueError("the Triton backend needs a CUDA tensor; use backend='torch' on the CPU")
     m, k = x.shape
     if m * k == 0:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)
@@ -576,11 +591,13 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
         raise ValueError(f"four_over_six must be None, 'mse' or 'mae'; got {four_over_six!r}")
     m, k = x.shape
     scale_max = FOUR_OVER_SIX_E4M3_MAX if four_over_six else E4M3_MAX
-    if m * k == 0:  # nothing to launch; amax 0 and decode scale 1, as the torch path gives
+    amax = None if amax is None else amax.to(device=x.device, dtype=torch.float32).reshape(())
+    if m * k == 0:  # nothing to launch; the torch path's amax (0 unless given) and decode scale
+        amax = torch.zeros((), dtype=torch.float32, device=x.device) if amax is None else amax
         if dec is not None:
-            dec.fill_(1.0)
-        return torch.zeros((), dtype=torch.float32, device=x.device) if amax is None else amax.reshape(()), scale_max
-    amax = global_amax(x, rht) if amax is None else amax.reshape(())
+            dec.copy_(1.0 / global_encode_scale(amax, scale_max))
+        return amax, scale_max
+    amax = global_amax(x, rht) if amax is None else amax
     # drawn where the generator lives (a CUDA generator cannot fill a CPU tensor)
     seed = int(torch.randint(0, 2**31 - 2, (1,), generator=generator,
                              device=generator.device if generator is not None else "cpu").item()) if stochastic else 0
