@@ -16,7 +16,8 @@ import time
 import numpy as np
 import torch
 
-from longlive_core.iqa.metrics import IQAConfig, QualityMetric, maniqa_architecture, pick_device
+from longlive_core.devices import pick_device
+from longlive_core.iqa.metrics import IQAConfig, QualityMetric, maniqa_architecture
 from longlive_core.iqa.motion import flow_magnitude
 
 

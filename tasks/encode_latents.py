@@ -13,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from longlive_core.config import ConfigError, load_params, stage_config
-from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples, pick_device
+from longlive_core.devices import pick_device
+from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
 from longlive_core.progress import setup_logging
 from longlive_core.tracking.lineage import digest_file
 from tasks.assemble import SAMPLES
@@ -66,7 +67,7 @@ def main() -> None:
         import torch
         import torch.distributed as dist
 
-        device = pick_device(cfg.device)
+        device = pick_device(cfg.device, "encode_latents.device")
         if device.type == "cuda":  # NCCL between GPUs: each rank's chunk latents go GPU to GPU
             torch.cuda.set_device(device)
         # rank 0 loads the text encoder alone before the first collective: wait longer than NCCL's 10 min

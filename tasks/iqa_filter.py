@@ -9,8 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from longlive_core.config import stage_config
+from longlive_core.devices import pick_device
 from longlive_core.io.atomic import write_parquet
-from longlive_core.iqa.metrics import IQAConfig, QualityMetric, pick_device
+from longlive_core.iqa.metrics import IQAConfig, QualityMetric
 from longlive_core.iqa.score import score_shots
 from longlive_core.tracking.lineage import digest_file
 from tasks.shots import CLIPS, SHOTS
@@ -23,7 +24,7 @@ STATE = OUT / "state"
 
 def body(params, run):
     cfg = stage_config(IQAConfig, "iqa_filter", params)
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.device, "iqa_filter.device")
     run.set_tags({"input.shots.sha256": digest_file(SHOTS), "iqa.metric": cfg.metric, "device": str(device)})
     metric = QualityMetric(cfg, device)
     out = score_shots(pd.read_parquet(SHOTS), CLIPS, cfg, metric, STATE)

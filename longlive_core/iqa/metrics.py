@@ -63,14 +63,6 @@ class IQAConfig:
         return key
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("iqa_filter.device is cuda but no CUDA device is visible")
-    return torch.device(name)
-
-
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if path.suffix == ".safetensors":

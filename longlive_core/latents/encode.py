@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 from longlive_core.config import ConfigError
+from longlive_core.devices import pick_device
 from longlive_core.io.atomic import TMP_PREFIX, atomic_path, write_parquet
 from longlive_core.latents.halo import Chunk, plan_chunks, receptive_field_latents
 from longlive_core.models.checkpoint import weights_identity
@@ -120,19 +121,6 @@ class Comm:
         flag = torch.tensor([1 if ok else 0], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
-
-
-def pick_device(name: str) -> torch.device:
-    """auto: CUDA when there is one. Under torchrun each rank takes its own GPU (LOCAL_RANK)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        if local >= torch.cuda.device_count():
-            raise ConfigError(f"rank {local} has no GPU of its own: this machine has {torch.cuda.device_count()}; "
-                              "set encode_latents.sp to at most that, or device: cpu")
-        return torch.device("cuda", local)
-    return torch.device(name)
 
 
 def text_dtype(device: torch.device) -> torch.dtype:
@@ -259,7 +247,7 @@ def remove_unreferenced_shards(shard_dir: Path, index: pd.DataFrame) -> int:
 def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, shard_dir: Path, index_path: Path,
                    failed_path: Path, cfg: EncodeLatentsConfig, comm: Comm) -> dict:
     """Encodes what is new; rank 0 writes the shards, the index and the failures; returns counts."""
-    device = pick_device(cfg.device)
+    device = pick_device(cfg.device, "encode_latents.device")
     vae, text = make_models(cfg, device, comm.rank)
     halo = cfg.halo if cfg.halo is not None else receptive_field_latents(vae)
     store = getattr(torch, cfg.store_dtype)
