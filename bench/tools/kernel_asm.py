@@ -1,0 +1,82 @@
+"""Compile the NVFP4 Triton kernels for sm_90 on any machine (no GPU needed) and count what costs:
+layout conversions (shared-memory round trips) in the TTGIR and PTX instructions per element.
+
+    .venv/bin/python bench/tools/kernel_asm.py [--out DIR]   # also writes the .ttgir/.ptx there
+
+Pointers get 16-byte divisibility hints as the runtime gives them for fresh tensors; without them
+the PTX would be misleadingly slow (scalar loads).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from longlive_core.quant import triton_kernels as tk
+
+ALIGNED = ("x_ptr", "codes_ptr", "scales_ptr", "part_ptr", "sxm", "M", "K", "spm")
+
+
+def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int):
+    names = fn.arg_names
+    sig = {n: "i32" for n in names}
+    sig.update(pointers)
+    sig.update({k: "constexpr" for k in constexprs})
+    idx = {n: i for i, n in enumerate(names)}
+    attrs = {(idx[n],): [["tt.divisibility", 16]] for n in ALIGNED if n in idx and n not in constexprs}
+    src = ASTSource(fn, sig, {(idx[k],): v for k, v in constexprs.items()}, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"enable_fp_fusion": False, "num_warps": num_warps})
+
+
+def cases():
+    f32, u8 = "*fp32", "*u8"
+    b = tk.BLOCK_TILE
+    for rht in (False, True):
+        for amax_only in (False, True):
+            yield (f"blocks rht={rht} amax_only={amax_only}", tk._block_kernel,
+                   {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": "*i32", "scales_ptr": u8, "max_ptr": f32,
+                    "plain_max_ptr": f32},
+                   dict(SCALE6=2688.0, BM=b["BM"], G=b["G"], RHT=rht, IS_BF16=True, AMAX_ONLY=amax_only),
+                   b["num_warps"], b["BM"] * b["G"] * 16)
+    t = tk.TILE
+    for rht in (False, True):
+        yield (f"rows codes rht={rht}", tk._quant_kernel,
+               {"x_ptr": "*bf16", "signs_ptr": f32, "amax_ptr": f32, "codes_ptr": u8, "scales_ptr": u8,
+                "part_ptr": "*bf16", "dec_ptr": f32},
+               dict(SCALE6=2688.0, BM=t["BM"], BK=t["BK"], TILE2D=False, RHT=rht, IS_BF16=True, SR=False, FOS=0,
+                    WRITE_CODES=True, WRITE_PARTIAL=False, WRITE_DEC=False, sxk=1),
+               t["num_warps"], t["BM"] * t["BK"])
+    s = tk.SLICE_TILE
+    yield ("slices partial transposed RHT SR", tk._slice_kernel,
+           {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": u8, "scales_ptr": u8, "part_ptr": "*bf16",
+            "dec_ptr": f32, "max_ptr": f32, "plain_max_ptr": f32},
+           dict(SCALE6=2688.0, BM=s["BM"], G=s["G"], RHT=True, IS_BF16=True, SR=True, WRITE_CODES=False,
+                WRITE_PARTIAL=True, WRITE_DEC=True, AMAX_ONLY=False),
+           s["num_warps"], s["BM"] * s["G"] * 16)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    print("| kernel | convert_layouts | PTX instructions | per element |")
+    print("|---|---|---|---|")
+    for name, fn, pointers, constexprs, warps, elements in cases():
+        k = compile_kernel(fn, pointers, constexprs, warps)
+        ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
+        instructions = sum(1 for line in ptx.splitlines() if re.match(r"\s+[a-z]", line))
+        print(f"| {name} | {ttgir.count('convert_layout')} | {instructions} | {instructions * warps * 32 / elements:.1f} |")
+        if args.out:
+            stem = Path(args.out) / re.sub(r"[^a-z0-9]+", "_", name)
+            stem.parent.mkdir(parents=True, exist_ok=True)
+            stem.with_suffix(".ttgir").write_text(ttgir)
+            stem.with_suffix(".ptx").write_text(ptx)
+
+
+if __name__ == "__main__":
+    main()
