@@ -70,7 +70,8 @@ def main() -> None:
         k = compile_kernel(fn, pointers, constexprs, warps)
         ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
         instructions = sum(1 for line in ptx.splitlines() if re.match(r"\s+[a-z]", line))
-        print(f"| {name} | {ttgir.count('convert_layout')} | {instructions} | {instructions * warps * 32 / elements:.1f} |")
+        per_element = instructions * warps * 32 / elements
+        print(f"| {name} | {ttgir.count('convert_layout')} | {instructions} | {per_element:.1f} |")
         if args.out:
             stem = Path(args.out) / re.sub(r"[^a-z0-9]+", "_", name)
             stem.parent.mkdir(parents=True, exist_ok=True)
