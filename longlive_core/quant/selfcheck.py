@@ -27,9 +27,10 @@ def same_bits(a, b) -> bool:
 
 def check_kernels(device: str, m: int = 48, k: int = 160) -> None:
     """Every kernel (row tiles, slices, register blocks) wherever it applies."""
-    tile = dict(triton_kernels.BLOCK_TILE)
+    tile, amax_tile = dict(triton_kernels.BLOCK_TILE), dict(triton_kernels.AMAX_TILE)
     if triton_kernels.INTERPRETING:  # the CPU interpreter runs every lane of a tile: keep tiles small there
-        triton_kernels.BLOCK_TILE.update(BM=2, G=8)
+        triton_kernels.BLOCK_TILE.update(BM=32, G=8)  # few programs; both axes still end mid-tile
+        triton_kernels.AMAX_TILE.update(BLOCK_SIZE=256, ITERS=2)
     try:
         for kernel in triton_kernels.KERNELS:
             triton_kernels.FORCE_KERNEL = kernel
@@ -37,6 +38,7 @@ def check_kernels(device: str, m: int = 48, k: int = 160) -> None:
     finally:
         triton_kernels.FORCE_KERNEL = None
         triton_kernels.BLOCK_TILE.update(tile)
+        triton_kernels.AMAX_TILE.update(amax_tile)
 
 
 def check_configs(device: str, m: int, k: int) -> None:
