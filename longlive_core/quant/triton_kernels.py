@@ -327,6 +327,26 @@ if triton is not None:
         return tl.reduce(v, None, _nanmax)
 
     @triton.jit
+    def _transform_and_amax(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, max_ptr,
+                            plain_max_ptr, RHT: tl.constexpr, IS_BF16: tl.constexpr, AMAX_ONLY: tl.constexpr):
+        """The 16 slices after the RHT (when asked) and their block amax. AMAX_ONLY: stores this
+        tile's plain and transformed maxima instead, the transformed one rounded once (see _rht16)."""
+        tile_id = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        if AMAX_ONLY:  # the plain amax too, from the same read (both operands of one tensor)
+            plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
+            tl.store(plain_max_ptr + tile_id, _tile_max(plain))
+        if RHT:
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16, not AMAX_ONLY)
+        bamax = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
+        if AMAX_ONLY:
+            tile_max = _tile_max(bamax)
+            if RHT:
+                tile_max = _q4(tile_max, IS_BF16)
+            tl.store(max_ptr + tile_id, tile_max)
+        return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax
+
+    @triton.jit
     def _emit_pair(xa, xb, pa, enc, s_dec, ua, ub, part_ptrs, spk, codes_ptrs, mask, SR: tl.constexpr,
                    WRITE_CODES: tl.constexpr, WRITE_PARTIAL: tl.constexpr):
         """Quantizes elements pa and pa + 1 of every block; stores their partials and packed byte."""
@@ -364,20 +384,10 @@ if triton is not None:
         x8, x9, x10, x11 = _ld(xp, 8, sxk, mask), _ld(xp, 9, sxk, mask), _ld(xp, 10, sxk, mask), _ld(xp, 11, sxk, mask)
         x12, x13 = _ld(xp, 12, sxk, mask), _ld(xp, 13, sxk, mask)
         x14, x15 = _ld(xp, 14, sxk, mask), _ld(xp, 15, sxk, mask)
-        tile_id = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if AMAX_ONLY:  # the plain amax too, from the same read (both operands of one tensor)
-            plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
-            tl.store(plain_max_ptr + tile_id, _tile_max(plain))
-        if RHT:
-            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
-                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16, not AMAX_ONLY)
-        bamax = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
-        if AMAX_ONLY:
-            tile_max = _tile_max(bamax)
-            if RHT:
-                tile_max = _q4(tile_max, IS_BF16)
-            tl.store(max_ptr + tile_id, tile_max)
-        else:
+        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax = _transform_and_amax(
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, max_ptr, plain_max_ptr, RHT,
+            IS_BF16, AMAX_ONLY)
+        if not AMAX_ONLY:
             s_enc = _encode_scale(amax_ptr, SCALE6)
             if WRITE_DEC:
                 tl.store(dec_ptr, tl.math.div_rn(1.0, s_enc), mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0))
@@ -443,20 +453,10 @@ if triton is not None:
         hi = tl.load(base + 8, mask=mask[:, :, None], other=0.0).to(tl.float32)
         x0, x1, x2, x3, x4, x5, x6, x7 = _split8(lo, BM, G)
         x8, x9, x10, x11, x12, x13, x14, x15 = _split8(hi, BM, G)
-        tile_id = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        if AMAX_ONLY:
-            plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
-            tl.store(plain_max_ptr + tile_id, _tile_max(plain))
-        if RHT:
-            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
-                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16, not AMAX_ONLY)
-        bamax = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
-        if AMAX_ONLY:
-            tile_max = _tile_max(bamax)
-            if RHT:
-                tile_max = _q4(tile_max, IS_BF16)
-            tl.store(max_ptr + tile_id, tile_max)
-        else:
+        x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax = _transform_and_amax(
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, max_ptr, plain_max_ptr, RHT,
+            IS_BF16, AMAX_ONLY)
+        if not AMAX_ONLY:
             s_dec, enc = _block_scales(bamax, _encode_scale(amax_ptr, SCALE6))
             words = codes_ptr + rm[:, None] * (K // 8) + rg[None, :] * 2
             tl.store(words, _word(x0, x1, x2, x3, x4, x5, x6, x7, enc), mask=mask)
@@ -544,8 +544,8 @@ def pick_kernel(x: torch.Tensor, tile, stochastic: bool, four_over_six, codes_on
 
 def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
     """max |x| (after the RHT when asked), one pass over x, as a float32 scalar."""
-    if rht or (FORCE_KERNEL == "blocks" and x.stride(1) == 1):
-        return amaxes(x, rht)[1]
+    if rht:
+        return amaxes(x)[1]
     if not x.is_contiguous():
         return torch.linalg.vector_norm(x, float("inf")).float()
     n = x.numel()
@@ -556,37 +556,38 @@ def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
     return partial.amax()
 
 
-def amaxes(x: torch.Tensor, rht: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(max |x|, max |RHT(x)|) as float32 scalars from one pass over x (blocks along its last axis);
-    rht=False skips the transform (both are then max |x|)."""
-    check_input(x, (1, BLOCK))
+def _check(x: torch.Tensor, tile) -> None:
+    check_input(x, tile)
     if not x.is_cuda and not INTERPRETING:
         raise ValueError("the Triton backend needs a CUDA tensor; use backend='torch' on the CPU")
+
+
+def amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max |x|, max |RHT(x)|) as float32 scalars from one pass over x (blocks along its last axis)."""
+    _check(x, (1, BLOCK))
     m, k = x.shape
     if m * k == 0:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)
         return zero, zero.clone()
-    if x.stride(1) == 1:  # contiguous rows: whole blocks per thread
-        grid = _block_grid(m, k)
-        rht_max, plain_max = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
-        _block_kernel[grid](x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max, plain_max, SCALE6=0.0,
-                            BM=BLOCK_TILE["BM"], G=BLOCK_TILE["G"], num_warps=BLOCK_TILE["num_warps"], RHT=rht,
-                            IS_BF16=x.dtype == torch.bfloat16, AMAX_ONLY=True, enable_fp_fusion=False)
-        return plain_max.amax(), rht_max.amax()
-    grid = _slice_grid(m, k)
+    rows = x.stride(1) == 1  # contiguous rows: whole blocks per thread; else slices along the other axis
+    grid = _block_grid(m, k) if rows else _slice_grid(m, k)
     rht_max, plain_max = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
-    _slice_kernel[grid](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0, 0, rht_max,
-                        rht_max, plain_max, 0, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
-                        num_warps=SLICE_TILE["num_warps"], RHT=rht, IS_BF16=x.dtype == torch.bfloat16, SR=False,
-                        WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, AMAX_ONLY=True,
-                        enable_fp_fusion=False)
+    is_bf16 = x.dtype == torch.bfloat16
+    if rows:
+        _block_kernel[grid](x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max, plain_max, SCALE6=0.0,
+                            BM=BLOCK_TILE["BM"], G=BLOCK_TILE["G"], num_warps=BLOCK_TILE["num_warps"], RHT=True,
+                            IS_BF16=is_bf16, AMAX_ONLY=True, enable_fp_fusion=False)
+    else:
+        _slice_kernel[grid](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0, 0, rht_max,
+                            rht_max, plain_max, 0, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
+                            num_warps=SLICE_TILE["num_warps"], RHT=True, IS_BF16=is_bf16, SR=False,
+                            WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, AMAX_ONLY=True,
+                            enable_fp_fusion=False)
     return plain_max.amax(), rht_max.amax()
 
 
 def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, scales, part, dec):
-    check_input(x, tile)
-    if not x.is_cuda and not INTERPRETING:
-        raise ValueError("the Triton backend needs a CUDA tensor; use backend='torch' on the CPU")
+    _check(x, tile)
     if four_over_six not in FOS_CODES:
         raise ValueError(f"four_over_six must be None, 'mse' or 'mae'; got {four_over_six!r}")
     m, k = x.shape
