@@ -94,7 +94,7 @@ class Comm:
     world: int = 1
     device: torch.device = torch.device("cpu")  # where exchanged tensors live: cpu (gloo) or this rank's GPU (nccl)
 
-    def exchange(self, mine: torch.Tensor, chunks: list[Chunk], like: torch.Tensor) -> torch.Tensor | None:
+    def exchange(self, mine: torch.Tensor, chunks: list[Chunk]) -> torch.Tensor | None:
         """Rank 0 gets every chunk's latents, in order, concatenated along frames (on the CPU);
         others get None."""
         if self.world == 1:
@@ -106,7 +106,7 @@ class Comm:
             return None
         parts = [mine.to(self.device)]
         for c in chunks[1:]:
-            buf = torch.empty((like.shape[0], c.latent_end - c.latent_start, *like.shape[2:]), dtype=like.dtype,
+            buf = torch.empty((mine.shape[0], c.latent_end - c.latent_start, *mine.shape[2:]), dtype=mine.dtype,
                               device=self.device)
             dist.recv(buf, src=c.rank)
             parts.append(buf)
@@ -360,7 +360,7 @@ def encode_shot(vae, clip, halo: int, comm: Comm, device: torch.device, counts: 
     c = chunks[comm.rank]
     video = frames_to_input(clip.frames[c.raw_start:c.raw_end], device)  # only this rank's frames move
     z = encode_video(vae, video)[:, c.drop:].float()  # stays on the device for NCCL; exchange returns CPU
-    return z.cpu() if len(chunks) == 1 else comm.exchange(z, chunks, z)
+    return z.cpu() if len(chunks) == 1 else comm.exchange(z, chunks)
 
 
 def _write_index(path: Path, done: pd.DataFrame, new_rows: list[dict]) -> pd.DataFrame:
