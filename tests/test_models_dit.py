@@ -191,10 +191,16 @@ def test_save_dit_replaces_a_checkpoint_whole_or_not_at_all(tmp_path, monkeypatc
     assert len(list((tmp_path / "ckpt").glob("*.safetensors"))) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no staging folders left
     assert all(torch.equal(load_dit(tmp_path / "ckpt", TINY).state_dict()[k], v) for k, v in new.state_dict().items())
-    # a save that died between its two renames: the next save restores the old one first
+    # a save that died between its two renames left the checkpoint aside: the next save puts it back
+    # first, so even if that save fails too the checkpoint is there
     (tmp_path / "ckpt").rename(tmp_path / ".tmp-ckpt.replaced")
-    save_dit(old, tmp_path / "ckpt")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    calls.clear()
+    monkeypatch.setattr(checkpoint, "save_file", crash_on_second_shard)
+    with pytest.raises(OSError, match="disk full"):
+        save_dit(old, tmp_path / "ckpt", max_shard_bytes=40_000)
+    monkeypatch.undo()
+    kept = load_dit(tmp_path / "ckpt", TINY).state_dict()
+    assert all(torch.equal(kept[k], v) for k, v in new.state_dict().items())
     (tmp_path / "ckpt" / "notes.txt").write_text("mine")
     with pytest.raises(CheckpointError, match="holds other files \\(notes.txt\\)"):
         save_dit(new, tmp_path / "ckpt")
