@@ -72,14 +72,15 @@ def slice_sweep(xs) -> None:
 
 
 def block_sweep(xs) -> None:
-    """The register-block kernel's tiles on the codes output (the amaxes column is for reading), then
-    the plain amax pass's tiles."""
+    """The register-block kernel's tile for each of its uses, then the plain amax pass's tiles."""
     amax = {r: triton_kernels.global_amax(xs[0], r) for r in (False, True)}
-    tile_sweep("block", triton_kernels.BLOCK_TILE,
-               [dict(BM=bm, G=g, num_warps=w) for bm, g, w in ((1, 128, 4), (1, 256, 8), (2, 128, 8))],
-               [("codes", lambda x: triton_kernels.quantize(x, amax=amax[False])),
-                ("codes RHT", lambda x: triton_kernels.quantize(x, rht=True, amax=amax[True])),
-                ("amaxes (plain + RHT)", lambda x: triton_kernels.amaxes(x))], xs, scored=2)
+    candidates = [dict(BM=bm, G=g, num_warps=w) for bm, g, w in ((1, 256, 8), (1, 512, 8), (1, 512, 4), (2, 256, 4),
+                                                                 (2, 256, 8), (2, 512, 8), (4, 128, 4))]
+    calls = {"codes": lambda x: triton_kernels.quantize(x, amax=amax[False]),
+             "codes_rht": lambda x: triton_kernels.quantize(x, rht=True, amax=amax[True]),
+             "amaxes": lambda x: triton_kernels.amaxes(x)}
+    for use, call in calls.items():
+        tile_sweep(f"block {use}", triton_kernels.BLOCK_TILES[use], candidates, [(use, call)], xs)
     tile_sweep("amax", triton_kernels.AMAX_TILE,
                [dict(BLOCK_SIZE=b, ITERS=i, num_warps=w) for b, i, w in ((4096, 8, 8), (8192, 4, 8), (2048, 16, 4),
                                                                          (4096, 16, 8), (8192, 8, 16))],
@@ -134,6 +135,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--best-out")
     ap.add_argument("--quick", action="store_true", help="the bit check and the bandwidth table only")
+    ap.add_argument("--block-sweep", action="store_true", help="with --quick: the block kernel's tiles too")
     args = ap.parse_args()
     n = args.size
     torch.manual_seed(0)
@@ -145,9 +147,10 @@ def main() -> None:
         if args.best_out:
             with open(args.best_out, "w") as f:
                 json.dump({"TILE": triton_kernels.TILE, "SLICE_TILE": triton_kernels.SLICE_TILE,
-                           "BLOCK_TILE": triton_kernels.BLOCK_TILE}, f)
-    if not args.quick:
+                           "BLOCK_TILES": triton_kernels.BLOCK_TILES}, f)
+    if not args.quick or args.block_sweep:
         block_sweep(xs)
+    if not args.quick:
         compare_kernels(xs)
     for rht in (False, True):
         for tile in ((1, 16), (16, 16)):

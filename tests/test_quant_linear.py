@@ -30,6 +30,25 @@ def test_partial_operands_are_exact_and_give_the_dequantized_product():
     assert (out.double() - want).norm() / want.norm() < 1e-6
 
 
+def test_emulated_mm_casts_the_bias_to_the_output_dtype_first_as_autocast_does():
+    g = torch.Generator().manual_seed(3)
+    ap, ad = quantize_partial(torch.randn(32, 64, generator=g), backend="torch")
+    bp, bd = quantize_partial(torch.randn(16, 64, generator=g), (16, 16), backend="torch")
+    bias = torch.randn(16, generator=g) * (1 + 2**-12)  # not representable in bfloat16
+    out = emulated_mm(ap, ad, bp.t(), bd, bias, torch.bfloat16)
+    acc = torch.mm(ap.float(), bp.t().float()) * (ad * bd)
+    assert torch.equal(out, (acc + bias.to(torch.bfloat16).float()).to(torch.bfloat16))
+    assert not torch.equal(out, (acc + bias).to(torch.bfloat16))  # the case the cast decides
+
+
+def test_device_alpha_gemm_refuses_what_it_cannot_run():
+    from longlive_core.quant import cublas
+    a, b = torch.zeros(16, 32, dtype=torch.bfloat16), torch.zeros(32, 8, dtype=torch.bfloat16)
+    assert not cublas.supported(a, b, torch.bfloat16)  # CPU tensors: emulated_mm multiplies in float32 there
+    with pytest.raises(ValueError, match="2-D CUDA matrices"):
+        cublas.scaled_mm(a, b, torch.ones(()), torch.bfloat16)
+
+
 def test_linear_forward_and_backward_match_a_float64_reference():
     g = torch.Generator().manual_seed(1)
     lin = nn.Linear(64, 32)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from longlive_core.quant.selfcheck import check_emulated_linear, check_kernels
+from longlive_core.quant.selfcheck import check_emulated_linear, check_kernels, check_scaled_gemm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,3 +35,8 @@ def test_triton_matches_torch_on_the_gpu():
 @needs_cuda
 def test_emulated_linear_is_the_same_on_both_backends_on_the_gpu():
     check_emulated_linear("cuda")
+
+
+@needs_cuda
+def test_device_alpha_gemm_agrees_with_the_float32_product_on_the_gpu():
+    check_scaled_gemm("cuda")

@@ -35,9 +35,9 @@ def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int):
 
 def cases():
     f32, u8 = "*fp32", "*u8"
-    b = tk.BLOCK_TILE
     for rht in (False, True):
         for amax_only in (False, True):
+            b = tk.BLOCK_TILES["amaxes" if amax_only else "codes_rht" if rht else "codes"]
             yield (f"blocks rht={rht} amax_only={amax_only}", tk._block_kernel,
                    {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": "*i32", "scales_ptr": u8, "max_ptr": f32,
                     "plain_max_ptr": f32},
@@ -47,14 +47,14 @@ def cases():
     for rht in (False, True):
         yield (f"rows codes rht={rht}", tk._quant_kernel,
                {"x_ptr": "*bf16", "signs_ptr": f32, "amax_ptr": f32, "codes_ptr": u8, "scales_ptr": u8,
-                "part_ptr": "*bf16", "dec_ptr": f32},
+                "part_ptr": "*bf16", "dec_ptr": f32, "seed_ptr": "*i32"},
                dict(SCALE6=2688.0, BM=t["BM"], BK=t["BK"], TILE2D=False, RHT=rht, IS_BF16=True, SR=False, FOS=0,
                     WRITE_CODES=True, WRITE_PARTIAL=False, WRITE_DEC=False, sxk=1),
                t["num_warps"], t["BM"] * t["BK"])
     s = tk.SLICE_TILE
     yield ("slices partial transposed RHT SR", tk._slice_kernel,
            {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": u8, "scales_ptr": u8, "part_ptr": "*bf16",
-            "dec_ptr": f32, "max_ptr": f32, "plain_max_ptr": f32},
+            "dec_ptr": f32, "max_ptr": f32, "plain_max_ptr": f32, "seed_ptr": "*i32"},
            dict(SCALE6=2688.0, BM=s["BM"], G=s["G"], RHT=True, IS_BF16=True, SR=True, WRITE_CODES=False,
                 WRITE_PARTIAL=True, WRITE_DEC=True, AMAX_ONLY=False),
            s["num_warps"], s["BM"] * s["G"] * 16)

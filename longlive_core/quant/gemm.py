@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from longlive_core.quant import cublas
 from longlive_core.quant.hadamard import rht as apply_rht
 from longlive_core.quant.nvfp4 import BLOCK, Backend, check_input, default_backend, quantize_torch
 
@@ -42,16 +43,21 @@ def operand_amaxes(x: torch.Tensor, backend: Backend = None) -> tuple[torch.Tens
 
 
 def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor,
-                bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32,
-                backend: Backend = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """((a @ b) * (a_decode * b_decode) + bias).to(out_dtype), a (M, K) and b (K, N) partial operands;
-    the product and the scaling in float32, in that order (one fused pass on CUDA)."""
+    the product and the scaling in float32, in that order. The bias is first cast to out_dtype (as
+    autocast and Transformer Engine cast it to the activations' dtype), then added in float32. On
+    CUDA one cuBLAS GEMM applies the decode scales as its device-side alpha and adds the bias as
+    beta * C before rounding, as a real NVFP4 GEMM does: the result equals the float32 product's up
+    to accumulation order and a fused multiply-add."""
+    alpha = a_decode.float() * b_decode.float()
+    bias = None if bias is None else bias.to(out_dtype)
+    if cublas.supported(a, b, out_dtype):
+        c = None if bias is None else bias.expand(a.shape[0], b.shape[1])
+        return cublas.scaled_mm(a, b, alpha, out_dtype, c)
     # the CPU has no bf16 -> fp32 mm; there the operands go to float32, where they are exact too
     acc = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else torch.mm(a.float(), b.float())
-    if (backend or default_backend(acc)) == "triton":
-        from longlive_core.quant import triton_kernels
-        return triton_kernels.epilogue(acc, a_decode, b_decode, bias, out_dtype)
-    out = acc * (a_decode * b_decode)
+    out = acc * alpha
     if bias is not None:
         out = out + bias.float()
     return out.to(out_dtype)

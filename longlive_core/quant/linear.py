@@ -62,7 +62,7 @@ class _NVFP4LinearFn(torch.autograd.Function):
                                   amax=x_amax)
         wp, wd = quantize_partial(weight, recipe.weight_tile, four_over_six=recipe.four_over_six,
                                   backend=recipe.backend)
-        y = emulated_mm(xp, xd, wp.t(), wd, bias, x.dtype, recipe.backend)
+        y = emulated_mm(xp, xd, wp.t(), wd, bias, x.dtype)
         if probe is not None:
             probe["weight"] = sqnr_db(weight, wp.float() * wd)
             probe["input"] = sqnr_db(x2, xp.float() * xd)
@@ -82,7 +82,7 @@ class _NVFP4LinearFn(torch.autograd.Function):
             g_amax, gt_amax = _amaxes_along_tokens(g2, r.backend)
         if ctx.needs_input_grad[0]:
             gp, gd = quantize_partial(g2, (1, BLOCK), stochastic=r.grad_stochastic, backend=r.backend, amax=g_amax)
-            grad_x = emulated_mm(gp, gd, wp, wd, out_dtype=gy.dtype, backend=r.backend).view(ctx.x_shape)
+            grad_x = emulated_mm(gp, gd, wp, wd, out_dtype=gy.dtype).view(ctx.x_shape)
             if ctx.probe is not None:
                 ctx.probe["grad_output"] = sqnr_db(g2, gp.float() * gd)
         if ctx.needs_input_grad[1]:
@@ -90,7 +90,7 @@ class _NVFP4LinearFn(torch.autograd.Function):
                                        stochastic=r.grad_stochastic, backend=r.backend, amax=gt_amax)
             xt, xtd = quantize_partial(_pad_rows(x2).t(), (1, BLOCK), rht=r.wgrad_rht, backend=r.backend,
                                        amax=xt_amax)
-            grad_w = emulated_mm(gt, gtd, xt.t(), xtd, out_dtype=ctx.weight_dtype, backend=r.backend)
+            grad_w = emulated_mm(gt, gtd, xt.t(), xtd, out_dtype=ctx.weight_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0, dtype=torch.float32)  # accumulates in float32 without a float32 copy of g
         return grad_x, grad_w, grad_b, None, None, None

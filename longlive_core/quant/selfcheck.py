@@ -1,6 +1,6 @@
 """Checks that the Triton kernels compute what the torch reference does, on this machine's GPU.
 
-    python -m longlive_core.quant.selfcheck        # on a CUDA machine; raises on any mismatch
+    python -m longlive_core.quant.selfcheck [--part rows slices blocks gemm]   # raises on any mismatch
 
 Round-to-nearest results must be bit-identical (codes, scales, amax, the GEMM's partial operands);
 stochastic rounding must be reproducible from a generator and unbiased. The tests run the same
@@ -8,11 +8,13 @@ checks on the CPU under Triton's interpreter, and on a GPU where there is one.
 """
 from __future__ import annotations
 
+import argparse
+
 import torch
 from torch import nn
 
 from longlive_core.quant import triton_kernels
-from longlive_core.quant.gemm import operand_amaxes, quantize_partial
+from longlive_core.quant.gemm import emulated_mm, operand_amaxes, quantize_partial
 from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
 from longlive_core.quant.nvfp4 import quantize_torch
 
@@ -25,19 +27,22 @@ def same_bits(a, b) -> bool:
             and torch.equal(a.amax.cpu(), b.amax.cpu()))
 
 
-def check_kernels(device: str, m: int = 48, k: int = 160) -> None:
+def check_kernels(device: str, m: int = 48, k: int = 160, kernels: tuple[str, ...] = triton_kernels.KERNELS) -> None:
     """Every kernel (row tiles, slices, register blocks) wherever it applies."""
-    tile, amax_tile = dict(triton_kernels.BLOCK_TILE), dict(triton_kernels.AMAX_TILE)
+    tiles = {use: dict(t) for use, t in triton_kernels.BLOCK_TILES.items()}
+    amax_tile = dict(triton_kernels.AMAX_TILE)
     if triton_kernels.INTERPRETING:  # the CPU interpreter runs every lane of a tile: keep tiles small there
-        triton_kernels.BLOCK_TILE.update(BM=32, G=8)  # few programs; both axes still end mid-tile
+        for t in triton_kernels.BLOCK_TILES.values():
+            t.update(BM=32, G=8)  # few programs; both axes still end mid-tile
         triton_kernels.AMAX_TILE.update(BLOCK_SIZE=256, ITERS=2)
     try:
-        for kernel in triton_kernels.KERNELS:
+        for kernel in kernels:
             triton_kernels.FORCE_KERNEL = kernel
             check_configs(device, m, k)
     finally:
         triton_kernels.FORCE_KERNEL = None
-        triton_kernels.BLOCK_TILE.update(tile)
+        for use, t in tiles.items():
+            triton_kernels.BLOCK_TILES[use].update(t)
         triton_kernels.AMAX_TILE.update(amax_tile)
 
 
@@ -78,7 +83,21 @@ def check_configs(device: str, m: int, k: int) -> None:
     assert rmse(draws[:50].mean(0)) < rmse(rne)
     if device == "cuda":  # a generator on the GPU seeds the kernel too
         triton_kernels.quantize(x, stochastic=True, generator=torch.Generator(device).manual_seed(5))
+        check_sr_in_cuda_graph(x)
     check_edge_inputs(device)
+
+
+def check_sr_in_cuda_graph(x: torch.Tensor) -> None:
+    """The seed is drawn on the device, so a captured stochastic quantize draws anew on each replay."""
+    triton_kernels.quantize_partial(x, stochastic=True)  # compiled outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        part, _ = triton_kernels.quantize_partial(x, stochastic=True)
+    graph.replay()
+    first = part.clone()
+    graph.replay()
+    assert not torch.equal(first, part), "a CUDA graph replay reused the stochastic-rounding draws"
 
 
 def check_edge_inputs(device: str) -> None:
@@ -132,8 +151,56 @@ def check_emulated_linear(device: str = "cuda", tokens: int = 400) -> None:
         assert all(torch.equal(a, b) for a, b in zip(*grads)), n
 
 
+def gemm_error_ratio(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor,
+                     bias: torch.Tensor | None) -> float:
+    """max |got - want| over what the device GEMM may differ by from want = the float32 product
+    scaled afterwards (+ bias cast to got's dtype): one rounding to got's dtype plus float32
+    accumulation in another order (K * 2^-23 * |a| @ |b| * alpha). At most 1 passes."""
+    want = torch.mm(a.float(), b.float()) * alpha
+    if bias is not None:
+        want = want + bias.to(got.dtype).float()
+    slack = (torch.finfo(got.dtype).eps * want.abs()
+             + a.shape[1] * 2**-23 * torch.mm(a.float().abs(), b.float().abs()) * alpha.abs())
+    return ((got.float() - want).abs() / slack.clamp_min(torch.finfo(torch.float32).tiny)).max().item()
+
+
+def check_scaled_gemm(device: str = "cuda") -> None:
+    """The GEMM with the decode scales as a device-side alpha (cuBLAS on CUDA) against the float32
+    product scaled afterwards: every layout the linear layer uses, with and without bias, bfloat16
+    and float32 outputs, a slice whose leading dimension exceeds its width."""
+    g = torch.Generator(device=device).manual_seed(0)
+    a = quantize_partial(torch.randn(200, 96, device=device, generator=g))[0]
+    b = quantize_partial(torch.randn(96, 160, device=device, generator=g), (16, 16))[0]
+    da, db = torch.rand((), device=device, generator=g) + 0.5, torch.rand((), device=device, generator=g) + 0.5
+    col = lambda t: t.t().contiguous().t()  # noqa: E731  the same matrix, column-major
+    layouts = {"NN": (a, b), "TN": (col(a), b), "NT": (a, col(b)), "TT": (col(a), col(b)),
+               "sliced": (torch.cat([a, a], 1)[:, :96], b)}
+    for name, (aa, bb) in layouts.items():
+        for bias, out_dtype in ((None, torch.bfloat16), (torch.randn(160, device=device, generator=g), torch.bfloat16),
+                                (None, torch.float32), (torch.randn(160, device=device, generator=g), torch.float32)):
+            got = emulated_mm(aa, da, bb, db, bias, out_dtype)
+            assert got.dtype == out_dtype and got.shape == (200, 160) and got.is_contiguous(), name
+            ratio = gemm_error_ratio(got, aa, bb, da * db, bias)
+            assert ratio <= 1.0, (name, bias is not None, out_dtype, ratio)
+    nan = torch.full((), float("nan"), device=device)
+    assert emulated_mm(a, nan, b, db, None, torch.bfloat16).isnan().all()  # a NaN decode scale is not hidden
+
+
+def main() -> None:
+    parts = (*triton_kernels.KERNELS, "gemm")
+    ap = argparse.ArgumentParser(description="GPU checks of the NVFP4 kernels against the torch reference")
+    ap.add_argument("--part", choices=parts, nargs="+", default=parts,
+                    help="a subset, e.g. to run the parts in parallel processes (most of the time is compiling)")
+    args = ap.parse_args()
+    kernels = tuple(k for k in args.part if k in triton_kernels.KERNELS)
+    if kernels:
+        check_kernels("cuda", kernels=kernels)
+        check_kernels("cuda", m=1024, k=4096, kernels=kernels)
+    if "gemm" in args.part:
+        check_emulated_linear("cuda")
+        check_scaled_gemm("cuda")
+    print(f"NVFP4 selfcheck passed: {' '.join(args.part)}")
+
+
 if __name__ == "__main__":
-    check_kernels("cuda")
-    check_kernels("cuda", m=1024, k=4096)
-    check_emulated_linear("cuda")
-    print("NVFP4 Triton kernels: bit-identical to the torch reference")
+    main()

@@ -200,7 +200,7 @@ if triton is not None:
 
     @triton.jit
     def _quant_kernel(x_ptr, sxm, sxk, M, K, signs_ptr, amax_ptr, codes_ptr, scales_ptr, part_ptr, spm, spk,
-                      dec_ptr, seed, SCALE6: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                      dec_ptr, seed_ptr, SCALE6: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                       TILE2D: tl.constexpr, RHT: tl.constexpr,
                       IS_BF16: tl.constexpr, SR: tl.constexpr, FOS: tl.constexpr,
                       WRITE_CODES: tl.constexpr, WRITE_PARTIAL: tl.constexpr, WRITE_DEC: tl.constexpr):
@@ -217,6 +217,7 @@ if triton is not None:
             tl.store(dec_ptr, tl.math.div_rn(1.0, s_enc), mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0))
         rq = tl.program_id(1).to(tl.int64) * (BK // 4) + tl.arange(0, BK // 4)
         offs = tl.reshape((rm[:, None] * (K // 4) + rq[None, :]).to(tl.int32), (BM, G, 4))
+        seed = tl.load(seed_ptr) if SR else 0
         if FOS == 0:
             s_dec, val, code = _candidate(xb, bamax, s_enc, seed, offs, 1.0, SR, FOS)
         else:
@@ -366,7 +367,7 @@ if triton is not None:
 
     @triton.jit
     def _slice_kernel(x_ptr, sxm, sxk, M, K, amax_ptr, codes_ptr, scales_ptr, part_ptr, spm, spk, dec_ptr,
-                      max_ptr, plain_max_ptr, seed, SCALE6: tl.constexpr, BM: tl.constexpr, G: tl.constexpr,
+                      max_ptr, plain_max_ptr, seed_ptr, SCALE6: tl.constexpr, BM: tl.constexpr, G: tl.constexpr,
                       RHT: tl.constexpr,
                       IS_BF16: tl.constexpr, SR: tl.constexpr, WRITE_CODES: tl.constexpr,
                       WRITE_PARTIAL: tl.constexpr, WRITE_DEC: tl.constexpr, AMAX_ONLY: tl.constexpr):
@@ -393,6 +394,7 @@ if triton is not None:
                 tl.store(dec_ptr, tl.math.div_rn(1.0, s_enc), mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0))
             s_dec, enc = _block_scales(bamax, s_enc)
             if SR:
+                seed = tl.load(seed_ptr)
                 blk = ((rm[None, :] * (K // 16) + rg[:, None]) * 4).to(tl.int32)
                 u0, u1, u2, u3 = _uniform4(seed, blk)
                 u4, u5, u6, u7 = _uniform4(seed, blk + 1)
@@ -474,38 +476,18 @@ if triton is not None:
             acc = _nanmax(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
         tl.store(out_ptr + tl.program_id(0), _tile_max(acc))
 
-    @triton.jit
-    def _epilogue_kernel(acc_ptr, a_dec_ptr, b_dec_ptr, bias_ptr, out_ptr, numel, N, HAS_BIAS: tl.constexpr,
-                         BLOCK_SIZE: tl.constexpr):
-        offs = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-        mask = offs < numel
-        alpha = tl.load(a_dec_ptr) * tl.load(b_dec_ptr)
-        y = tl.load(acc_ptr + offs, mask=mask, other=0.0) * alpha
-        if HAS_BIAS:
-            y = y + tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
-
 
 _SIGNS: dict[torch.device, torch.Tensor] = {}
 # tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
 TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
 AMAX_TILE = {"BLOCK_SIZE": 8192, "ITERS": 8, "num_warps": 16}  # bench/nvfp4_quant.py block_sweep
-BLOCK_TILE = {"BM": 1, "G": 256, "num_warps": 8}  # bench/nvfp4_quant.py block_sweep
+# the block kernel's tile per use (bench/nvfp4_quant.py block_sweep): the amax and RHT passes gain from
+# several blocks per thread (more bytes in flight, paired bfloat16 conversions), plain codes do not
+BLOCK_TILES = {"codes": {"BM": 1, "G": 512, "num_warps": 4}, "codes_rht": {"BM": 1, "G": 512, "num_warps": 8},
+               "amaxes": {"BM": 4, "G": 128, "num_warps": 4}}
 KERNELS = ("rows", "slices", "blocks")
 FORCE_KERNEL: str | None = None  # None: pick_kernel decides; the tests and benches force each in turn
-
-
-def epilogue(acc: torch.Tensor, a_decode: torch.Tensor, b_decode: torch.Tensor, bias: torch.Tensor | None,
-             out_dtype: torch.dtype) -> torch.Tensor:
-    """acc * (a_decode * b_decode) (+ bias) cast to out_dtype, one pass; the torch path's operation order."""
-    acc = acc.contiguous()
-    out = torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
-    numel, block = acc.numel(), 2048
-    _epilogue_kernel[(triton.cdiv(numel, block),)](
-        acc, a_decode.reshape(1).float(), b_decode.reshape(1).float(), bias if bias is not None else acc, out,
-        numel, acc.shape[-1], HAS_BIAS=bias is not None, BLOCK_SIZE=block, enable_fp_fusion=False)
-    return out
 
 
 def _signs(device: torch.device) -> torch.Tensor:
@@ -518,8 +500,19 @@ def _grid(m: int, k: int) -> tuple[int, int]:
     return triton.cdiv(m, TILE["BM"]), triton.cdiv(k, TILE["BK"])
 
 
-def _block_grid(m: int, k: int) -> tuple[int, int]:
-    return triton.cdiv(m, BLOCK_TILE["BM"]), triton.cdiv(k // BLOCK, BLOCK_TILE["G"])
+def _block_tile(use: str, k: int) -> dict:
+    """BLOCK_TILES[use], its G narrowed (and BM widened to match) where rows have fewer blocks."""
+    tile = dict(BLOCK_TILES[use])
+    while tile["G"] > 1 and tile["G"] // 2 >= k // BLOCK:
+        tile["G"] //= 2
+        tile["BM"] *= 2
+    return tile
+
+
+def _block_launch(tile: dict, m: int, k: int, *args, **constexprs) -> None:
+    grid = (triton.cdiv(m, tile["BM"]), triton.cdiv(k // BLOCK, tile["G"]))
+    _block_kernel[grid](*args, BM=tile["BM"], G=tile["G"], num_warps=tile["num_warps"], enable_fp_fusion=False,
+                        **constexprs)
 
 
 def _slice_grid(m: int, k: int) -> tuple[int, int]:
@@ -570,13 +563,13 @@ def amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)
         return zero, zero.clone()
     rows = x.stride(1) == 1  # contiguous rows: whole blocks per thread; else slices along the other axis
-    grid = _block_grid(m, k) if rows else _slice_grid(m, k)
+    tile = _block_tile("amaxes", k)
+    grid = (triton.cdiv(m, tile["BM"]), triton.cdiv(k // BLOCK, tile["G"])) if rows else _slice_grid(m, k)
     rht_max, plain_max = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
     is_bf16 = x.dtype == torch.bfloat16
     if rows:
-        _block_kernel[grid](x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max, plain_max, SCALE6=0.0,
-                            BM=BLOCK_TILE["BM"], G=BLOCK_TILE["G"], num_warps=BLOCK_TILE["num_warps"], RHT=True,
-                            IS_BF16=is_bf16, AMAX_ONLY=True, enable_fp_fusion=False)
+        _block_launch(tile, m, k, x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max, plain_max, SCALE6=0.0,
+                      RHT=True, IS_BF16=is_bf16, AMAX_ONLY=True)
     else:
         _slice_kernel[grid](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0, 0, rht_max,
                             rht_max, plain_max, 0, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
@@ -584,6 +577,17 @@ def amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                             WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, AMAX_ONLY=True,
                             enable_fp_fusion=False)
     return plain_max.amax(), rht_max.amax()
+
+
+def _device_seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """The stochastic-rounding seed as a tensor on x's device, drawn by a torch random op from
+    ``generator`` (None: the device's default generator). The kernel reads it there, so there is
+    no host sync, and a CUDA graph replay draws a new one as torch's graph-safe generators do."""
+    source = generator.device if generator is not None else device  # a generator fills tensors on its device
+    seed = torch.randint(0, 2**31 - 2, (1,), generator=generator, device=source, dtype=torch.int32)
+    if seed.device != device:  # a CPU generator for a GPU tensor: pinned, so the copy does not sync
+        seed = seed.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else seed.to(device)
+    return seed
 
 
 def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, scales, part, dec):
@@ -599,10 +603,8 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
             dec.copy_(1.0 / global_encode_scale(amax, scale_max))
         return amax, scale_max
     amax = global_amax(x, rht) if amax is None else amax
-    # drawn where the generator lives (a CUDA generator cannot fill a CPU tensor)
-    seed = int(torch.randint(0, 2**31 - 2, (1,), generator=generator,
-                             device=generator.device if generator is not None else "cpu").item()) if stochastic else 0
     dummy = amax
+    seed = _device_seed(generator, x.device) if stochastic else dummy
     common = dict(SCALE6=scale_max * 6.0, RHT=rht, IS_BF16=x.dtype == torch.bfloat16, SR=stochastic,
                   WRITE_CODES=codes is not None, WRITE_PARTIAL=part is not None, WRITE_DEC=dec is not None,
                   enable_fp_fusion=False)
@@ -612,11 +614,9 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
             part.stride(1) if part is not None else 0, dec if dec is not None else dummy)
     kernel = pick_kernel(x, tile, stochastic, four_over_six, codes is not None and part is None)
     if kernel == "blocks":
-        grid = _block_grid(m, k)
-        _block_kernel[grid](x, x.stride(0), m, k, amax, codes.view(torch.int32), scales, dummy, dummy,
-                            SCALE6=scale_max * 6.0, BM=BLOCK_TILE["BM"], G=BLOCK_TILE["G"],
-                            num_warps=BLOCK_TILE["num_warps"], RHT=rht, IS_BF16=x.dtype == torch.bfloat16,
-                            AMAX_ONLY=False, enable_fp_fusion=False)
+        _block_launch(_block_tile("codes_rht" if rht else "codes", k), m, k, x, x.stride(0), m, k, amax,
+                      codes.view(torch.int32), scales, dummy, dummy, SCALE6=scale_max * 6.0, RHT=rht,
+                      IS_BF16=x.dtype == torch.bfloat16, AMAX_ONLY=False)
     elif kernel == "slices":
         _slice_kernel[_slice_grid(m, k)](*args, amax, *outs, dummy, dummy, seed, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
                                          num_warps=SLICE_TILE["num_warps"], AMAX_ONLY=False, **common)

@@ -1,0 +1,88 @@
+"""Host-side cost of the emulated NVFP4 linear, step by step: whether a step waits for the GPU
+(a sync), recompiles a Triton kernel, or is simply slow to issue. For reading, not for RESULTS.
+
+    PYTHONPATH=. python3 bench/tools/linear_host.py [--in 3072 --out 3072 --tokens 16384]
+
+Before each timed piece the GPU gets a long sleep kernel, so a piece that returns quickly did not
+wait for it, and one that takes about the sleep synchronized. Triton's per-kernel compile caches
+are counted before and after, so a kernel compiled again on later steps shows.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch import nn
+
+from longlive_core.quant import NVFP4Linear, NVFP4Recipe, triton_kernels
+from longlive_core.quant.gemm import emulated_mm, operand_amaxes, quantize_partial
+
+SLEEP_CYCLES = 400_000_000  # ~0.2 s of GPU clock
+
+
+def compiled_counts() -> dict[str, int]:
+    counts = {}
+    for name in ("_quant_kernel", "_slice_kernel", "_block_kernel", "_absmax_kernel"):
+        fn = getattr(triton_kernels, name)
+        counts[name] = sum(len(cache[0]) for cache in getattr(fn, "device_caches", {}).values())
+    return counts
+
+
+def host_ms(fn) -> float:
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    t0 = time.perf_counter()
+    fn()
+    dt = (time.perf_counter() - t0) * 1000
+    torch.cuda.synchronize()
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--in", dest="k", type=int, default=3072)
+    ap.add_argument("--out", dest="n", type=int, default=3072)
+    ap.add_argument("--tokens", type=int, default=16384)
+    args = ap.parse_args()
+    t, k, n = args.tokens, args.k, args.n
+    layer = NVFP4Linear.from_linear(nn.Linear(k, n, device="cuda"), NVFP4Recipe())
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    gy = torch.randn(t, n, device="cuda", dtype=torch.bfloat16)
+    g2, x2 = gy, x.detach()
+
+    def step():
+        x.grad = layer.weight.grad = layer.bias.grad = None
+        layer(x).backward(gy)
+
+    for _ in range(3):
+        step()
+    before = compiled_counts()
+    steps = [host_ms(step) for _ in range(12)]
+    print(f"compiled kernels before/after 12 steps: {before} -> {compiled_counts()}")
+    print("host ms per step (sleep ahead of each):", " ".join(f"{s:.2f}" for s in steps))
+    ga, gta = operand_amaxes(g2.t())
+    gp, gd = quantize_partial(g2, stochastic=True, amax=ga)
+    wp, wd = quantize_partial(layer.weight.detach(), (16, 16))
+    gt, gtd = quantize_partial(g2.t(), rht=True, stochastic=True, amax=gta)
+    xt, xtd = quantize_partial(x2.t(), rht=True)
+    pieces = {
+        "forward": lambda: layer(x),
+        "amaxes of dY (slices)": lambda: operand_amaxes(g2.t()),
+        "dY row-wise SR": lambda: quantize_partial(g2, stochastic=True, amax=ga),
+        "dY^T RHT SR": lambda: quantize_partial(g2.t(), rht=True, stochastic=True, amax=gta),
+        "x^T RHT": lambda: quantize_partial(x2.t(), rht=True, amax=gta),
+        "dgrad GEMM": lambda: emulated_mm(gp, gd, wp, wd, out_dtype=torch.bfloat16),
+        "wgrad GEMM": lambda: emulated_mm(gt, gtd, xt.t(), xtd, out_dtype=torch.float32),
+        "bias grad": lambda: g2.sum(0, dtype=torch.float32),
+        "forward + backward": lambda: layer(x).backward(gy),
+    }
+    torch.cuda.set_sync_debug_mode("warn")
+    for name, fn in pieces.items():
+        times = [host_ms(fn) for _ in range(3)]
+        print(f"| {name} | " + " | ".join(f"{v:.3f}" for v in times) + " |")
+    torch.cuda.set_sync_debug_mode(0)
+
+
+if __name__ == "__main__":
+    main()

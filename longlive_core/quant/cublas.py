@@ -1,0 +1,127 @@
+"""A cuBLAS GEMM whose output scale is a device scalar: ``alpha * (a @ b) + beta * c`` with bfloat16
+(or any cuBLAS-supported) operands, float32 accumulation and alpha applied in float32 before the
+output is rounded, as a real NVFP4 GEMM applies its global decode scales. torch exposes no GEMM
+with a device-side alpha for these dtypes, and a host-side alpha would need a device sync per GEMM;
+without it the product must round-trip through float32 memory to be scaled.
+
+The library is the libcublas torch itself loaded (found in this process's memory map), called
+through ctypes on torch's own handle for the current thread and stream (so torch's stream and
+workspace apply), switched to device-side scalars and float32 reductions for the one call and
+restored after it.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+_OP_N, _OP_T = 0, 1
+_POINTER_MODE_DEVICE = 1
+# split-K partial sums in float32, not in the (bfloat16) output type: the reference adds in float32
+_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16
+_COMPUTE_32F = 68
+_GEMM_DEFAULT = -1
+_DTYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}  # cudaDataType_t
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_constants: dict[tuple[int, float], torch.Tensor] = {}
+
+
+class CublasError(RuntimeError):
+    pass
+
+
+def _library() -> ctypes.CDLL:
+    global _lib
+    with _lock:
+        if _lib is None:
+            torch.cuda.current_blas_handle()  # makes torch load its libcublas if it has not yet
+            with open("/proc/self/maps") as maps:
+                paths = {line.split()[-1] for line in maps if "/libcublas.so" in line}
+            if not paths:
+                raise CublasError("libcublas is not loaded in this process although torch has CUDA; "
+                                  "the device-alpha GEMM needs the cuBLAS that torch uses")
+            lib = ctypes.CDLL(sorted(paths)[0])
+            i, p, ip = ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)
+            signatures = {"cublasGetPointerMode_v2": [p, ip], "cublasSetPointerMode_v2": [p, i],
+                          "cublasGetMathMode": [p, ip], "cublasSetMathMode": [p, i],
+                          "cublasGemmEx": [p, i, i, i, i, i, p, p, i, i, p, i, i, p, p, i, i, i, i]}
+            for name, argtypes in signatures.items():
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = argtypes, ctypes.c_int
+            _lib = lib
+        return _lib
+
+
+def _checked(status: int, what: str) -> None:
+    if status != 0:
+        raise CublasError(f"{what} failed with cublasStatus_t {status}")
+
+
+def _constant(device: torch.device, value: float) -> torch.Tensor:
+    key = (device.index, value)
+    if key not in _constants:
+        _constants[key] = torch.full((), value, dtype=torch.float32, device=device)
+    return _constants[key]
+
+
+def _operand(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """(tensor, cuBLAS op, leading dimension) presenting logical (r, c) ``t`` as the column-major
+    (c, r) matrix the row-major product needs: row-major memory as is, column-major transposed."""
+    r, c = t.shape
+    if t.stride(1) == 1 and t.stride(0) >= max(c, 1):
+        return t, _OP_N, t.stride(0)
+    if t.stride(0) == 1 and t.stride(1) >= max(r, 1):
+        return t, _OP_T, t.stride(1)
+    t = t.contiguous()
+    return t, _OP_N, max(c, 1)
+
+
+def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    return (a.is_cuda and b.device == a.device and a.dtype == b.dtype and a.dtype in _DTYPES
+            and out_dtype in _DTYPES and a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0]
+            and min(a.shape[0], a.shape[1], b.shape[1]) > 0 and max(*a.shape, *b.shape) < 2**31)
+
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype,
+              c: torch.Tensor | None = None) -> torch.Tensor:
+    """``alpha * (a @ b) (+ c)`` as a new (M, N) row-major tensor of ``out_dtype``: a (M, K) and
+    b (K, N) CUDA matrices (any mix of row- and column-major), alpha a float32 device scalar,
+    c (M, N) of out_dtype (beta = 1; broadcast views such as a bias row are materialized)."""
+    if not supported(a, b, out_dtype):
+        raise ValueError(f"scaled_mm takes two non-empty 2-D CUDA matrices of one of {list(_DTYPES)} with "
+                         f"matching inner dims; got {tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype}")
+    m, k = a.shape
+    n = b.shape[1]
+    if alpha.device != a.device or alpha.dtype != torch.float32 or alpha.numel() != 1:
+        raise ValueError("alpha must be a float32 scalar on the operands' device")
+    if c is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+        beta = _constant(a.device, 0.0)
+    else:
+        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+        out.copy_(c)
+        beta = _constant(a.device, 1.0)
+    # row-major out = a @ b is column-major out^T = b^T a^T: cuBLAS gets (b, a) with m = n, n = m
+    bb, op_b, ld_b = _operand(b)
+    aa, op_a, ld_a = _operand(a)
+    alpha = alpha.reshape(())
+    lib = _library()
+    with torch.cuda.device(a.device):
+        handle = ctypes.c_void_p(torch.cuda.current_blas_handle())  # torch sets its stream and workspace
+    pointer_mode, math_mode = ctypes.c_int(), ctypes.c_int()
+    _checked(lib.cublasGetPointerMode_v2(handle, ctypes.byref(pointer_mode)), "cublasGetPointerMode")
+    _checked(lib.cublasGetMathMode(handle, ctypes.byref(math_mode)), "cublasGetMathMode")
+    try:
+        _checked(lib.cublasSetPointerMode_v2(handle, _POINTER_MODE_DEVICE), "cublasSetPointerMode")
+        _checked(lib.cublasSetMathMode(handle, _MATH_DISALLOW_REDUCED_PRECISION_REDUCTION), "cublasSetMathMode")
+        dt = _DTYPES[a.dtype]
+        _checked(lib.cublasGemmEx(handle, op_b, op_a, n, m, k, alpha.data_ptr(), bb.data_ptr(), dt, ld_b,
+                                  aa.data_ptr(), dt, ld_a, beta.data_ptr(), out.data_ptr(), _DTYPES[out_dtype], n,
+                                  _COMPUTE_32F, _GEMM_DEFAULT), "cublasGemmEx")
+    finally:  # torch's handle goes back as it was: its own calls pass host scalars
+        lib.cublasSetPointerMode_v2(handle, pointer_mode.value)
+        lib.cublasSetMathMode(handle, math_mode.value)
+    return out
