@@ -42,7 +42,7 @@ def graph_ms(fn, xs) -> float:
 
 def tile_sweep(label: str, tile: dict, candidates: list[dict], calls: list[tuple[str, object]], xs,
                scored: int | None = None) -> None:
-    """Times ``calls`` (name, fn(x)) for each candidate tile (rotating inputs), prints a table and
+    """Times ``calls`` (name, fn(x)) for each candidate tile (CUDA graphs over rotating inputs), prints a table and
     keeps in ``tile`` the candidate with the least total time of the first ``scored`` calls."""
     keys = list(candidates[0])
     print(f"| {label} " + " | ".join(keys) + " | " + " | ".join(f"{name} ms" for name, _ in calls) + " |")
@@ -52,8 +52,7 @@ def tile_sweep(label: str, tile: dict, candidates: list[dict], calls: list[tuple
         tile.update(candidate)
         times = []
         for _, fn in calls:
-            j = iter(range(10**9))
-            times.append(ms(lambda j=j, fn=fn: fn(xs[next(j) % 3])))
+            times.append(graph_ms(fn, xs))  # device time: launch overhead would hide tile differences
         score = sum(times[:scored])
         best = min(best, (score, candidate), key=lambda b: b[0]) if best else (score, candidate)
         print("| " + " | ".join(str(candidate[k]) for k in keys) + " | " + " | ".join(f"{t:.3f}" for t in times)
@@ -71,16 +70,21 @@ def slice_sweep(xs) -> None:
                 ("transposed RHT SR", lambda x: quantize_partial(x.t(), rht=True, stochastic=True))], xs)
 
 
-def block_sweep(xs) -> None:
+def block_sweep(xs, uses=("codes", "codes_rht", "amaxes")) -> None:
     """The register-block kernel's tile for each of its uses, then the plain amax pass's tiles."""
     amax = {r: triton_kernels.global_amax(xs[0], r) for r in (False, True)}
-    candidates = [dict(BM=bm, G=g, num_warps=w) for bm, g, w in ((1, 256, 8), (1, 512, 8), (1, 512, 4), (2, 256, 4),
-                                                                 (2, 256, 8), (2, 512, 8), (4, 128, 4))]
+    shapes = {"codes": ((1, 256, 8), (1, 512, 8), (1, 512, 4), (2, 256, 4), (2, 512, 8), (4, 128, 4)),
+              "codes_rht": ((1, 512, 8), (2, 256, 8), (1, 512, 16), (2, 256, 16), (4, 128, 8), (2, 512, 16)),
+              "amaxes": ((4, 128, 4), (8, 128, 4), (4, 128, 8), (8, 64, 4), (2, 256, 4), (8, 128, 8), (16, 64, 8),
+                         (4, 256, 8))}
     calls = {"codes": lambda x: triton_kernels.quantize(x, amax=amax[False]),
              "codes_rht": lambda x: triton_kernels.quantize(x, rht=True, amax=amax[True]),
              "amaxes": lambda x: triton_kernels.amaxes(x)}
-    for use, call in calls.items():
-        tile_sweep(f"block {use}", triton_kernels.BLOCK_TILES[use], candidates, [(use, call)], xs)
+    for use in (u for u in uses if u in shapes):
+        tile_sweep(f"block {use}", triton_kernels.BLOCK_TILES[use],
+                   [dict(BM=bm, G=g, num_warps=w) for bm, g, w in shapes[use]], [(use, calls[use])], xs)
+    if "plain" not in uses:
+        return
     tile_sweep("amax", triton_kernels.AMAX_TILE,
                [dict(BLOCK_SIZE=b, ITERS=i, num_warps=w) for b, i, w in ((4096, 8, 8), (8192, 4, 8), (2048, 16, 4),
                                                                          (4096, 16, 8), (8192, 8, 16))],
@@ -135,7 +139,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--best-out")
     ap.add_argument("--quick", action="store_true", help="the bit check and the bandwidth table only")
-    ap.add_argument("--block-sweep", action="store_true", help="with --quick: the block kernel's tiles too")
+    ap.add_argument("--block-sweep", nargs="*", help="with --quick: the block kernel's tiles too, for these uses "
+                    "(codes codes_rht amaxes plain; none named: all)")
     args = ap.parse_args()
     n = args.size
     torch.manual_seed(0)
@@ -148,8 +153,8 @@ def main() -> None:
             with open(args.best_out, "w") as f:
                 json.dump({"TILE": triton_kernels.TILE, "SLICE_TILE": triton_kernels.SLICE_TILE,
                            "BLOCK_TILES": triton_kernels.BLOCK_TILES}, f)
-    if not args.quick or args.block_sweep:
-        block_sweep(xs)
+    if not args.quick or args.block_sweep is not None:
+        block_sweep(xs, args.block_sweep or ("codes", "codes_rht", "amaxes", "plain"))
     if not args.quick:
         compare_kernels(xs)
     for rht in (False, True):

@@ -87,6 +87,27 @@ def check_configs(device: str, m: int, k: int) -> None:
     check_edge_inputs(device)
 
 
+def check_rht_paths(device: str, m: int = 1024, k: int = 4096) -> None:
+    """The RHT paths of the slice and block kernels alone, at a real size (a quick check after a
+    change to the transform): codes, strided codes, transposed partials and the one-pass amaxes."""
+    g = torch.Generator().manual_seed(1)
+    try:
+        for dtype in (torch.bfloat16, torch.float32):
+            x = (torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, k, generator=g) * 2)).to(dtype).to(device)
+            xt = x.t().contiguous().t()
+            for kernel in ("blocks", "slices"):
+                triton_kernels.FORCE_KERNEL = kernel
+                assert same_bits(quantize_torch(x, rht=True), triton_kernels.quantize(x, rht=True)), (dtype, kernel)
+                assert same_bits(quantize_torch(xt.contiguous(), rht=True), triton_kernels.quantize(xt, rht=True))
+                assert torch.equal(quantize_partial(x.t(), rht=True, backend="triton")[0],
+                                   quantize_partial(x.t().contiguous(), rht=True, backend="torch")[0]), (dtype, kernel)
+            for view in (x, x.t()):
+                assert all(torch.equal(a.cpu(), b.cpu()) for a, b in
+                           zip(operand_amaxes(view, "torch"), triton_kernels.amaxes(view))), dtype
+    finally:
+        triton_kernels.FORCE_KERNEL = None
+
+
 def check_sr_in_cuda_graph(x: torch.Tensor) -> None:
     """The seed is drawn on the device, so a captured stochastic quantize draws anew on each replay."""
     triton_kernels.quantize_partial(x, stochastic=True)  # compiled outside the capture
@@ -187,7 +208,7 @@ def check_scaled_gemm(device: str = "cuda") -> None:
 
 
 def main() -> None:
-    parts = (*triton_kernels.KERNELS, "gemm")
+    parts = (*triton_kernels.KERNELS, "gemm", "rht")
     ap = argparse.ArgumentParser(description="GPU checks of the NVFP4 kernels against the torch reference")
     ap.add_argument("--part", choices=parts, nargs="+", default=parts,
                     help="a subset, e.g. to run the parts in parallel processes (most of the time is compiling)")
@@ -196,6 +217,8 @@ def main() -> None:
     if kernels:
         check_kernels("cuda", kernels=kernels)
         check_kernels("cuda", m=1024, k=4096, kernels=kernels)
+    if "rht" in args.part:
+        check_rht_paths("cuda")
     if "gemm" in args.part:
         check_emulated_linear("cuda")
         check_scaled_gemm("cuda")
