@@ -40,3 +40,12 @@ def test_emulated_linear_is_the_same_on_both_backends_on_the_gpu():
 @needs_cuda
 def test_device_alpha_gemm_agrees_with_the_float32_product_on_the_gpu():
     check_scaled_gemm("cuda")
+
+
+def test_block_tile_narrows_to_the_row_and_keeps_its_blocks_per_program():
+    from longlive_core.quant import triton_kernels
+    for use, tile in triton_kernels.BLOCK_TILES.items():
+        for k in (16, 160, 3072, 8192, 65536):
+            got = triton_kernels._block_tile(use, k)
+            assert got["BM"] * got["G"] == tile["BM"] * tile["G"] and got["num_warps"] == tile["num_warps"]
+            assert got["G"] == tile["G"] or got["G"] // 2 < k // 16 <= got["G"], (use, k, got)

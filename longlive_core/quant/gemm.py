@@ -1,6 +1,7 @@
 """The emulated NVFP4 GEMM: E2M1 values times their E4M3 block scales (exact in bfloat16), a
-bfloat16 matmul with float32 output, then both tensors' global decode scales on the float32
-result. That equals a real NVFP4 GEMM up to accumulation order, and runs on any device."""
+bfloat16 matmul accumulating in float32, then both tensors' global decode scales on the float32
+result. That equals a real NVFP4 GEMM up to accumulation order, and runs on any device (on CUDA as
+one cuBLAS call with the decode scales as its device-side alpha, see :mod:`.cublas`)."""
 from __future__ import annotations
 
 import torch

@@ -584,18 +584,20 @@ def amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows = x.stride(1) == 1  # contiguous rows: whole blocks per thread; else slices along the other axis
     tile = _block_tile("amaxes", k)
     grid = (triton.cdiv(m, tile["BM"]), triton.cdiv(k // BLOCK, tile["G"])) if rows else _slice_grid(m, k)
-    rht_max, plain_max = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
+    maxes = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
+    rht_max, plain_max = maxes
     is_bf16 = x.dtype == torch.bfloat16
     if rows:
         _block_launch(tile, m, k, x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max, plain_max, SCALE6=0.0,
                       RHT=True, IS_BF16=is_bf16, AMAX_ONLY=True)
     else:
         _slice_kernel[grid](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0, 0, rht_max,
-                            rht_max, plain_max, 0, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
+                            rht_max, plain_max, rht_max, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
                             num_warps=SLICE_TILE["num_warps"], RHT=True, IS_BF16=is_bf16, SR=False,
                             WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, AMAX_ONLY=True,
                             enable_fp_fusion=False)
-    return plain_max.amax(), rht_max.amax()
+    rht, plain = maxes.amax(dim=1)  # one reduction for both (torch's amax propagates NaN, as the kernels do)
+    return plain, rht
 
 
 def _device_seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
