@@ -62,6 +62,9 @@ def main() -> None:
             tiles = json.load(f)
         triton_kernels.TILE.update(tiles["TILE"])
         triton_kernels.SLICE_TILE.update(tiles["SLICE_TILE"])
+        for use, tile in tiles.get("BLOCK_TILES", {}).items():
+            triton_kernels.BLOCK_TILES[use].update(tile)
+        triton_kernels.AMAX_TILE.update(tiles.get("AMAX_TILE", {}))
     torch.manual_seed(0)
     tiles = f"{triton_kernels.TILE} {triton_kernels.SLICE_TILE}"
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, tiles {tiles}")

@@ -149,12 +149,12 @@ def main() -> None:
     if args.sweep:
         sweep(xs)
         slice_sweep(xs)
-        if args.best_out:
-            with open(args.best_out, "w") as f:
-                json.dump({"TILE": triton_kernels.TILE, "SLICE_TILE": triton_kernels.SLICE_TILE,
-                           "BLOCK_TILES": triton_kernels.BLOCK_TILES}, f)
     if not args.quick or args.block_sweep is not None:
         block_sweep(xs, args.block_sweep or ("codes", "codes_rht", "amaxes", "plain"))
+    if args.best_out:
+        with open(args.best_out, "w") as f:
+            json.dump({"TILE": triton_kernels.TILE, "SLICE_TILE": triton_kernels.SLICE_TILE,
+                       "BLOCK_TILES": triton_kernels.BLOCK_TILES, "AMAX_TILE": triton_kernels.AMAX_TILE}, f)
     if not args.quick:
         compare_kernels(xs)
     for rht in (False, True):

@@ -191,3 +191,10 @@ def test_tiny_transformer_trains_close_to_high_precision():
     # measured here: start 3.5 nats, high precision 0.050, nvfp4 0.052 after 300 steps
     assert fp4 < start * 0.1, (fp4, start)  # it learned
     assert abs(fp4 - high) < 0.05, (fp4, high)  # the stated margin: within 0.05 nats of high precision
+
+
+def test_emulated_mm_takes_python_float_decode_scales():
+    g = torch.Generator().manual_seed(4)
+    ap, ad = quantize_partial(torch.randn(16, 32, generator=g), backend="torch")
+    bp, bd = quantize_partial(torch.randn(16, 32, generator=g), (16, 16), backend="torch")
+    assert torch.equal(emulated_mm(ap, float(ad), bp.t(), float(bd)), emulated_mm(ap, ad, bp.t(), bd))

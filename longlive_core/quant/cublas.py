@@ -23,6 +23,10 @@ _MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
 _DTYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}  # cudaDataType_t
+# (operand dtype, output dtype) pairs cublasGemmEx computes with CUBLAS_COMPUTE_32F
+_PAIRS = {(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float16, torch.float16),
+          (torch.float16, torch.float32), (torch.float32, torch.float32)}
+_MAX_INT = 2**31 - 1  # cuBLAS takes int dimensions and leading dimensions
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -43,7 +47,9 @@ def _library() -> ctypes.CDLL:
             if not paths:
                 raise CublasError("libcublas is not loaded in this process although torch has CUDA; "
                                   "the device-alpha GEMM needs the cuBLAS that torch uses")
-            lib = ctypes.CDLL(sorted(paths)[0])
+            if len(paths) > 1:  # another package loaded its own copy: take the one torch's soname resolves to
+                paths = {f"libcublas.so.{torch.version.cuda.split('.')[0]}"}
+            lib = ctypes.CDLL(paths.pop())
             i, p, ip = ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)
             signatures = {"cublasGetPointerMode_v2": [p, ip], "cublasSetPointerMode_v2": [p, i],
                           "cublasGetMathMode": [p, ip], "cublasSetMathMode": [p, i],
@@ -61,28 +67,34 @@ def _checked(status: int, what: str) -> None:
 
 
 def _constant(device: torch.device, value: float) -> torch.Tensor:
+    """beta as a device scalar, made once per device; not cached when first needed inside a CUDA
+    graph capture (there the fill is only recorded, and its memory belongs to that graph)."""
     key = (device.index, value)
-    if key not in _constants:
-        _constants[key] = torch.full((), value, dtype=torch.float32, device=device)
-    return _constants[key]
+    if key in _constants:
+        return _constants[key]
+    tensor = torch.full((), value, dtype=torch.float32, device=device)
+    if not torch.cuda.is_current_stream_capturing():
+        _constants[key] = tensor
+    return tensor
 
 
 def _operand(t: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """(tensor, cuBLAS op, leading dimension) presenting logical (r, c) ``t`` as the column-major
     (c, r) matrix the row-major product needs: row-major memory as is, column-major transposed."""
     r, c = t.shape
-    if t.stride(1) == 1 and t.stride(0) >= max(c, 1):
+    if t.stride(1) == 1 and max(c, 1) <= t.stride(0) <= _MAX_INT:
         return t, _OP_N, t.stride(0)
-    if t.stride(0) == 1 and t.stride(1) >= max(r, 1):
+    if t.stride(0) == 1 and max(r, 1) <= t.stride(1) <= _MAX_INT:
         return t, _OP_T, t.stride(1)
     t = t.contiguous()
     return t, _OP_N, max(c, 1)
 
 
 def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
-    return (a.is_cuda and b.device == a.device and a.dtype == b.dtype and a.dtype in _DTYPES
-            and out_dtype in _DTYPES and a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0]
-            and min(a.shape[0], a.shape[1], b.shape[1]) > 0 and max(*a.shape, *b.shape) < 2**31)
+    """Whether scaled_mm runs this product (CUDA, not ROCm; a dtype pair cuBLAS takes; non-empty)."""
+    return (a.is_cuda and torch.version.hip is None and b.device == a.device and a.dtype == b.dtype
+            and (a.dtype, out_dtype) in _PAIRS and a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0]
+            and min(a.shape[0], a.shape[1], b.shape[1]) > 0 and max(*a.shape, *b.shape) <= _MAX_INT)
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype,
@@ -91,37 +103,35 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_dtype: 
     b (K, N) CUDA matrices (any mix of row- and column-major), alpha a float32 device scalar,
     c (M, N) of out_dtype (beta = 1; broadcast views such as a bias row are materialized)."""
     if not supported(a, b, out_dtype):
-        raise ValueError(f"scaled_mm takes two non-empty 2-D CUDA matrices of one of {list(_DTYPES)} with "
-                         f"matching inner dims; got {tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype}")
+        raise ValueError(f"scaled_mm takes two non-empty 2-D CUDA matrices with matching inner dims and an "
+                         f"(operand, output) dtype pair in {sorted((str(i), str(o)) for i, o in _PAIRS)}; got "
+                         f"{tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype} -> {out_dtype}")
     m, k = a.shape
     n = b.shape[1]
     if alpha.device != a.device or alpha.dtype != torch.float32 or alpha.numel() != 1:
         raise ValueError("alpha must be a float32 scalar on the operands' device")
-    if c is None:
-        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
-        beta = _constant(a.device, 0.0)
-    else:
-        out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if c is not None:
         out.copy_(c)
-        beta = _constant(a.device, 1.0)
+    beta = _constant(a.device, 0.0 if c is None else 1.0)
     # row-major out = a @ b is column-major out^T = b^T a^T: cuBLAS gets (b, a) with m = n, n = m
     bb, op_b, ld_b = _operand(b)
     aa, op_a, ld_a = _operand(a)
     alpha = alpha.reshape(())
     lib = _library()
-    with torch.cuda.device(a.device):
+    with torch.cuda.device(a.device):  # the handle, its stream and the call all on the operands' device
         handle = ctypes.c_void_p(torch.cuda.current_blas_handle())  # torch sets its stream and workspace
-    pointer_mode, math_mode = ctypes.c_int(), ctypes.c_int()
-    _checked(lib.cublasGetPointerMode_v2(handle, ctypes.byref(pointer_mode)), "cublasGetPointerMode")
-    _checked(lib.cublasGetMathMode(handle, ctypes.byref(math_mode)), "cublasGetMathMode")
-    try:
-        _checked(lib.cublasSetPointerMode_v2(handle, _POINTER_MODE_DEVICE), "cublasSetPointerMode")
-        _checked(lib.cublasSetMathMode(handle, _MATH_DISALLOW_REDUCED_PRECISION_REDUCTION), "cublasSetMathMode")
-        dt = _DTYPES[a.dtype]
-        _checked(lib.cublasGemmEx(handle, op_b, op_a, n, m, k, alpha.data_ptr(), bb.data_ptr(), dt, ld_b,
-                                  aa.data_ptr(), dt, ld_a, beta.data_ptr(), out.data_ptr(), _DTYPES[out_dtype], n,
-                                  _COMPUTE_32F, _GEMM_DEFAULT), "cublasGemmEx")
-    finally:  # torch's handle goes back as it was: its own calls pass host scalars
-        lib.cublasSetPointerMode_v2(handle, pointer_mode.value)
-        lib.cublasSetMathMode(handle, math_mode.value)
+        pointer_mode, math_mode = ctypes.c_int(), ctypes.c_int()
+        _checked(lib.cublasGetPointerMode_v2(handle, ctypes.byref(pointer_mode)), "cublasGetPointerMode")
+        _checked(lib.cublasGetMathMode(handle, ctypes.byref(math_mode)), "cublasGetMathMode")
+        try:
+            _checked(lib.cublasSetPointerMode_v2(handle, _POINTER_MODE_DEVICE), "cublasSetPointerMode")
+            _checked(lib.cublasSetMathMode(handle, _MATH_DISALLOW_REDUCED_PRECISION_REDUCTION), "cublasSetMathMode")
+            dt = _DTYPES[a.dtype]
+            _checked(lib.cublasGemmEx(handle, op_b, op_a, n, m, k, alpha.data_ptr(), bb.data_ptr(), dt, ld_b,
+                                      aa.data_ptr(), dt, ld_a, beta.data_ptr(), out.data_ptr(), _DTYPES[out_dtype],
+                                      n, _COMPUTE_32F, _GEMM_DEFAULT), "cublasGemmEx")
+        finally:  # torch's handle goes back as it was: its own calls pass host scalars
+            lib.cublasSetPointerMode_v2(handle, pointer_mode.value)
+            lib.cublasSetMathMode(handle, math_mode.value)
     return out

@@ -51,7 +51,8 @@ def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_deco
     CUDA one cuBLAS GEMM applies the decode scales as its device-side alpha and adds the bias as
     beta * C before rounding, as a real NVFP4 GEMM does: the result equals the float32 product's up
     to accumulation order and a fused multiply-add."""
-    alpha = a_decode.float() * b_decode.float()
+    as_scale = lambda d: torch.as_tensor(d, dtype=torch.float32, device=a.device)  # noqa: E731  floats too
+    alpha = as_scale(a_decode) * as_scale(b_decode)
     bias = None if bias is None else bias.to(out_dtype)
     if cublas.supported(a, b, out_dtype):
         c = None if bias is None else bias.expand(a.shape[0], b.shape[1])

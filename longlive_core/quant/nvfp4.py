@@ -27,7 +27,8 @@ all in float32, in exactly that operation order. ``four_over_six`` ("mse" or "ma
 ``backend``: ``"torch"`` (any device; the reference) or ``"triton"`` (CUDA; bit-identical for
 round-to-nearest, the default on CUDA when Triton imports). Stochastic rounding draws from
 ``generator`` on the torch path; the Triton kernel takes a seed drawn from the same generator, so
-both are reproducible, but their draws differ.
+both are reproducible, but their draws differ. Without a generator the Triton path draws its seed
+from the device's default generator (so it advances that generator, as dropout would).
 """
 from __future__ import annotations
 

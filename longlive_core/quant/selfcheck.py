@@ -190,8 +190,8 @@ def check_scaled_gemm(device: str = "cuda") -> None:
     product scaled afterwards: every layout the linear layer uses, with and without bias, bfloat16
     and float32 outputs, a slice whose leading dimension exceeds its width."""
     g = torch.Generator(device=device).manual_seed(0)
-    a = quantize_partial(torch.randn(200, 96, device=device, generator=g))[0]
-    b = quantize_partial(torch.randn(96, 160, device=device, generator=g), (16, 16))[0]
+    a, a_dec = quantize_partial(torch.randn(200, 96, device=device, generator=g))
+    b, b_dec = quantize_partial(torch.randn(96, 160, device=device, generator=g), (16, 16))
     da, db = torch.rand((), device=device, generator=g) + 0.5, torch.rand((), device=device, generator=g) + 0.5
     col = lambda t: t.t().contiguous().t()  # noqa: E731  the same matrix, column-major
     layouts = {"NN": (a, b), "TN": (col(a), b), "NT": (a, col(b)), "TT": (col(a), col(b)),
@@ -205,6 +205,20 @@ def check_scaled_gemm(device: str = "cuda") -> None:
             assert ratio <= 1.0, (name, bias is not None, out_dtype, ratio)
     nan = torch.full((), float("nan"), device=device)
     assert emulated_mm(a, nan, b, db, None, torch.bfloat16).isnan().all()  # a NaN decode scale is not hidden
+    # one row or column; a column-major slice whose leading dimension exceeds its rows; Python float
+    # scales; an output dtype the device GEMM does not take (float16 from bfloat16: the float32 path;
+    # with the real decode scales, so that the product fits float16)
+    wide = col(torch.cat([a, a], 0))[:200]
+    for aa, bb in ((a[:1], b), (a, b[:, :1]), (wide, b)):
+        got = emulated_mm(aa, 0.75, bb, 1.5, None, torch.bfloat16)
+        assert gemm_error_ratio(got, aa, bb, torch.tensor(0.75 * 1.5, device=device), None) <= 1.0, aa.shape
+    half = emulated_mm(a, a_dec, b, b_dec, None, torch.float16)
+    assert half.dtype == torch.float16 and gemm_error_ratio(half, a, b, a_dec * b_dec, None) <= 1.0
+    # torch's own GEMMs on the handle afterwards still take host scalars and reduce as before
+    c = torch.randn(200, 160, device=device)
+    want = torch.addmm(c, a.float(), b.float(), alpha=2.0, beta=0.5)
+    emulated_mm(a, da, b, db, None, torch.bfloat16)
+    assert torch.equal(torch.addmm(c, a.float(), b.float(), alpha=2.0, beta=0.5), want)
 
 
 def main() -> None:

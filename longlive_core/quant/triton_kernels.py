@@ -44,7 +44,9 @@ except ImportError:  # pragma: no cover - torch's CUDA wheels bring Triton
 
 @functools.cache
 def available() -> bool:
-    return triton is not None and torch.cuda.is_available()
+    """Triton and a GPU that runs these kernels: compute capability 8.9+ (Triton converts to FP8
+    E4M3 there only); older GPUs take the torch path."""
+    return triton is not None and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
 FOS_CODES = {None: 0, "mse": 1, "mae": 2}
@@ -510,9 +512,12 @@ FORCE_KERNEL: str | None = None  # None: pick_kernel decides; the tests and benc
 
 
 def _signs(device: torch.device) -> torch.Tensor:
-    if device not in _SIGNS:
-        _SIGNS[device] = torch.tensor(SIGNS, dtype=torch.float32, device=device)
-    return _SIGNS[device]
+    if device in _SIGNS:
+        return _SIGNS[device]
+    signs = torch.tensor(SIGNS, dtype=torch.float32, device=device)
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):  # else the graph owns it
+        _SIGNS[device] = signs
+    return signs
 
 
 def _grid(m: int, k: int) -> tuple[int, int]:
@@ -605,9 +610,14 @@ def _device_seed(generator: torch.Generator | None, device: torch.device) -> tor
     ``generator`` (None: the device's default generator). The kernel reads it there, so there is
     no host sync, and a CUDA graph replay draws a new one as torch's graph-safe generators do."""
     source = generator.device if generator is not None else device  # a generator fills tensors on its device
+    if source.type == "cpu" and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise ValueError("stochastic rounding inside a CUDA graph capture needs a CUDA generator (or None): "
+                         "a CPU generator's seed would be drawn once, at capture, and reused by every replay")
     seed = torch.randint(0, 2**31 - 2, (1,), generator=generator, device=source, dtype=torch.int32)
-    if seed.device != device:  # a CPU generator for a GPU tensor: pinned, so the copy does not sync
-        seed = seed.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else seed.to(device)
+    if seed.device != device:
+        if seed.is_cpu and device.type == "cuda":  # pinned, so the copy does not wait for the GPU
+            seed = seed.pin_memory()
+        seed = seed.to(device, non_blocking=True)
     return seed
 
 
