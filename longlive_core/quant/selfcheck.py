@@ -52,6 +52,7 @@ def check_configs(device: str, m: int, k: int) -> None:
     for dtype, tile, rht, fos in CONFIGS:
         x = torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, k, generator=g) * 2)
         x[1, 3], x[7, 16:32] = 5e4, torch.linspace(-3e-7, 3e-7, 16)
+        x[9, 32:48] = torch.linspace(-2e-39, 2e-39, 16)  # subnormal in float32 and bfloat16
         x = x.to(dtype).to(device)
         ref = quantize_torch(x, tile, rht, False, fos)
         got = triton_kernels.quantize(x, tile, rht, False, fos)
@@ -131,6 +132,12 @@ def check_edge_inputs(device: str) -> None:
     amax = torch.tensor(3.0)  # a given amax decides the decode scale even of an empty tensor
     assert torch.equal(triton_kernels.quantize_partial(empty, amax=amax)[1].cpu(),
                        quantize_partial(empty, backend="torch", amax=amax)[1].cpu())
+    # a tensor of subnormals only: its encode scale saturates at FLT_MAX on both paths
+    for dtype in (torch.float32, torch.bfloat16):
+        tiny = (torch.randn(32, 64, generator=torch.Generator().manual_seed(2)) * 1e-39).to(dtype).to(device)
+        for rht in (False, True):
+            got = triton_kernels.quantize(tiny, rht=rht)
+            assert same_bits(quantize_torch(tiny, rht=rht), got), ("subnormal", dtype, rht)
     # a NaN anywhere makes the amaxes and the decode scale NaN on both paths (it is not skipped)
     x = torch.randn(32, 64, device=device)
     x[5, 7] = float("nan")

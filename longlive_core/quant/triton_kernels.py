@@ -68,6 +68,14 @@ if triton is not None:
         return tl.where(v < 0.015625, sub, normal)
 
     @triton.jit
+    def _f32(v):
+        """A loaded tile as float32. The CPU interpreter's bfloat16 cast misreads subnormals (it gives
+        4.4e-39 for 1.0e-39), so there the bits are widened by hand, as the GPU's convert does."""
+        if not _HW_ROUND and v.dtype == tl.bfloat16:
+            return (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        return v.to(tl.float32)
+
+    @triton.jit
     def _round_bf16(v):
         """float32 -> the nearest bfloat16 value (ties to even), still float32: the GPU's rounding
         convert, or integer arithmetic under the CPU interpreter (whose casts truncate)."""
@@ -118,7 +126,7 @@ if triton is not None:
         rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
         rk = tl.program_id(1).to(tl.int64) * BK + tl.arange(0, BK)
         mask = (rm[:, None] < M) & (rk[None, :] < K)
-        x = tl.load(x_ptr + rm[:, None] * sxm + rk[None, :] * sxk, mask=mask, other=0.0).to(tl.float32)
+        x = _f32(tl.load(x_ptr + rm[:, None] * sxm + rk[None, :] * sxk, mask=mask, other=0.0))
         if RHT:
             x = _rht(x, signs_ptr, BM, BK // 16, IS_BF16)
         return x, rm, rk, mask
@@ -328,7 +336,7 @@ if triton is not None:
 
     @triton.jit
     def _ld(ptr, p, sxk, mask):
-        return tl.load(ptr + p * sxk, mask=mask, other=0.0).to(tl.float32)
+        return _f32(tl.load(ptr + p * sxk, mask=mask, other=0.0))
 
     @triton.jit
     def _nanmax(a, b):
@@ -472,8 +480,8 @@ if triton is not None:
         rg = tl.program_id(1).to(tl.int64) * G + tl.arange(0, G)
         mask = (rm[:, None] < M) & (rg[None, :] < K // 16)
         base = x_ptr + rm[:, None, None] * sxm + rg[None, :, None] * 16 + tl.arange(0, 8)[None, None, :]
-        lo = tl.load(base, mask=mask[:, :, None], other=0.0).to(tl.float32)
-        hi = tl.load(base + 8, mask=mask[:, :, None], other=0.0).to(tl.float32)
+        lo = _f32(tl.load(base, mask=mask[:, :, None], other=0.0))
+        hi = _f32(tl.load(base + 8, mask=mask[:, :, None], other=0.0))
         x0, x1, x2, x3, x4, x5, x6, x7 = _split8(lo, BM, G)
         x8, x9, x10, x11, x12, x13, x14, x15 = _split8(hi, BM, G)
         x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax = _transform_and_amax(
@@ -494,7 +502,7 @@ if triton is not None:
         acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
         for i in range(ITERS):
             offs = start + i * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-            acc = _nanmax(acc, tl.abs(tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)))
+            acc = _nanmax(acc, tl.abs(_f32(tl.load(x_ptr + offs, mask=offs < n, other=0.0))))
         tl.store(out_ptr + tl.program_id(0), _tile_max(acc))
 
 
