@@ -198,3 +198,10 @@ def test_emulated_mm_takes_python_float_decode_scales():
     ap, ad = quantize_partial(torch.randn(16, 32, generator=g), backend="torch")
     bp, bd = quantize_partial(torch.randn(16, 32, generator=g), (16, 16), backend="torch")
     assert torch.equal(emulated_mm(ap, float(ad), bp.t(), float(bd)), emulated_mm(ap, ad, bp.t(), bd))
+
+
+def test_the_gpu_gemm_checks_hold_on_the_cpu_reference_path():
+    # check_scaled_gemm runs against cuBLAS on a GPU; here it exercises the checks themselves on the
+    # float32 path, so that a wrong tolerance or shape in them shows before a GPU run does
+    from longlive_core.quant.selfcheck import check_scaled_gemm
+    check_scaled_gemm("cpu")
