@@ -2,16 +2,10 @@
 next to BF16 F.linear at the same shape. For reading, not for RESULTS ratios (bench/nvfp4_linear.py).
 
     PYTHONPATH=. python3 bench/tools/linear_profile.py [--in 3072 --out 3072 --tokens 16384]
-
-It also gives the host (CPU) time of a step: the GPU is first given a long sleep kernel, so the
-host never waits for it and the time to issue the steps is what the Python side costs; when that
-exceeds the GPU time, the layer is launch-bound at this shape. A step that synchronizes shows up
-as a host time near the sleep. Then the top host-side ops from torch.profiler.
 """
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 from torch import nn
@@ -40,22 +34,6 @@ def main() -> None:
         for _ in range(5):
             step(layer)
         torch.cuda.synchronize()
-        torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU clock cycles ahead of the steps
-        t0 = time.perf_counter()
-        for _ in range(args.steps):
-            step(layer)
-        host_ms = (time.perf_counter() - t0) / args.steps * 1000
-        torch.cuda.synchronize()
-        print(f"\n## {name}: host time to issue one step {host_ms:.3f} ms (a step that syncs would show ~1 s / steps)")
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(args.steps):
-                step(layer)
-            torch.cuda.synchronize()
-        cpu = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-        print("| host op | calls/step | self host ms/step |")
-        print("|---|---|---|")
-        for e in cpu[:16]:
-            print(f"| {e.key[:80]} | {e.count / args.steps:.0f} | {e.self_cpu_time_total / args.steps / 1000:.3f} |")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 step(layer)

@@ -39,6 +39,8 @@ class CublasError(RuntimeError):
 
 def _library() -> ctypes.CDLL:
     global _lib
+    if _lib is not None:  # every GEMM asks: no lock once loaded
+        return _lib
     with _lock:
         if _lib is None:
             torch.cuda.current_blas_handle()  # makes torch load its libcublas if it has not yet

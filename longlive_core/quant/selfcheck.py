@@ -1,6 +1,6 @@
 """Checks that the Triton kernels compute what the torch reference does, on this machine's GPU.
 
-    python -m longlive_core.quant.selfcheck [--part rows slices blocks gemm]   # raises on any mismatch
+    python -m longlive_core.quant.selfcheck [--part rows slices blocks gemm rht]   # raises on any mismatch
 
 Round-to-nearest results must be bit-identical (codes, scales, amax, the GEMM's partial operands);
 stochastic rounding must be reproducible from a generator and unbiased. The tests run the same
@@ -232,7 +232,7 @@ def main() -> None:
     parts = (*triton_kernels.KERNELS, "gemm", "rht")
     ap = argparse.ArgumentParser(description="GPU checks of the NVFP4 kernels against the torch reference")
     ap.add_argument("--part", choices=parts, nargs="+", default=parts,
-                    help="a subset, e.g. to run the parts in parallel processes (most of the time is compiling)")
+                    help="a subset: rht and gemm take ~30 s; the kernel parts compile every row-tile variant")
     args = ap.parse_args()
     kernels = tuple(k for k in args.part if k in triton_kernels.KERNELS)
     if kernels:

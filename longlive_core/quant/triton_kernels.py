@@ -324,15 +324,11 @@ if triton is not None:
     def _q4_pair(a, b, IS_BF16: tl.constexpr):
         """_q4 of two values; on the GPU one convert rounds both to bfloat16 (PTX cvt.rn.bf16x2.f32
         puts its first operand in the high half), which saves an instruction per pair."""
-        a = a * 0.25
-        b = b * 0.25
         if IS_BF16 and _HW_ROUND:
-            w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [a, b], dtype=tl.int32,
-                                          is_pure=True, pack=1)
+            w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [a * 0.25, b * 0.25],
+                                          dtype=tl.int32, is_pure=True, pack=1)
             return (w & -65536).to(tl.float32, bitcast=True), (w << 16).to(tl.float32, bitcast=True)
-        if IS_BF16:
-            return _round_bf16(a), _round_bf16(b)
-        return a, b
+        return _q4(a, IS_BF16), _q4(b, IS_BF16)
 
     @triton.jit
     def _ld(ptr, p, sxk, mask):
@@ -520,12 +516,10 @@ FORCE_KERNEL: str | None = None  # None: pick_kernel decides; the tests and benc
 
 
 def _signs(device: torch.device) -> torch.Tensor:
-    if device in _SIGNS:
-        return _SIGNS[device]
-    signs = torch.tensor(SIGNS, dtype=torch.float32, device=device)
-    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):  # else the graph owns it
-        _SIGNS[device] = signs
-    return signs
+    # made on first use; inside a CUDA graph capture the host-to-device copy itself is refused by CUDA
+    if device not in _SIGNS:
+        _SIGNS[device] = torch.tensor(SIGNS, dtype=torch.float32, device=device)
+    return _SIGNS[device]
 
 
 def _grid(m: int, k: int) -> tuple[int, int]:
