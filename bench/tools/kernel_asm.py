@@ -99,7 +99,7 @@ def main() -> None:
         print(f"| {name} | {ttgir.count('convert_layout')} | {instructions} | {per_element:.1f} | {len(sass)} | "
               f"{len(sass) * warps * 32 / elements:.1f} | {top} |")
         if args.out:
-            stem = Path(args.out) / re.sub(r"[^a-z0-9]+", "_", name)
+            stem = Path(args.out) / re.sub(r"[^a-z0-9]+", "_", name.lower())
             stem.parent.mkdir(parents=True, exist_ok=True)
             stem.with_suffix(".ttgir").write_text(ttgir)
             stem.with_suffix(".ptx").write_text(ptx)

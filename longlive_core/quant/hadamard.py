@@ -5,10 +5,12 @@ the Sylvester Hadamard matrix and ``s`` Transformer Engine's fixed sign vector. 
 orthogonal, so applying it to both inputs of a GEMM along the reduction axis leaves the product
 unchanged while spreading outliers over their block.
 
-The product is computed as a fast Walsh-Hadamard butterfly in float32 (four stages of pairwise
-sums and differences, in a fixed order) and rounded once to the input dtype. That is a float32
-accumulation, as the spec asks of the bfloat16 matmul, and because every output is a fixed
-sequence of IEEE additions the Triton kernel reproduces it bit for bit.
+The product is computed as a matmul computes it: every element is first multiplied by its
+matrix entry's magnitude and sign (+-1/4; exact, short of float32 subnormals), then a fast
+Walsh-Hadamard butterfly adds the products in float32 (four stages of pairwise sums and
+differences, in a fixed order), and the result is rounded once to the input dtype. That is the
+float32 accumulation the spec asks of the bfloat16 matmul, and because every output is a fixed
+sequence of IEEE operations the Triton kernels reproduce it bit for bit.
 """
 from __future__ import annotations
 
@@ -51,8 +53,8 @@ def rht(x: torch.Tensor) -> torch.Tensor:
     """Applies the RHT to every 16-element block along the last axis; returns x's dtype."""
     if x.shape[-1] % BLOCK:
         raise ValueError(f"the RHT works on blocks of {BLOCK} along the last axis; got length {x.shape[-1]}")
-    xf = x.float().reshape(*x.shape[:-1], -1, BLOCK) * _signs(x)
-    return (_butterfly(xf) * 0.25).reshape(x.shape).to(x.dtype)
+    xf = x.float().reshape(*x.shape[:-1], -1, BLOCK) * (_signs(x) * 0.25)
+    return _butterfly(xf).reshape(x.shape).to(x.dtype)
 
 
 def inverse_rht(y: torch.Tensor) -> torch.Tensor:

@@ -86,6 +86,7 @@ def check_configs(device: str, m: int, k: int) -> None:
         triton_kernels.quantize(x, stochastic=True, generator=torch.Generator(device).manual_seed(5))
         check_sr_in_cuda_graph(x)
     check_edge_inputs(device)
+    check_ties(device)
 
 
 def check_rht_paths(device: str, m: int = 1024, k: int = 4096) -> None:
@@ -120,6 +121,35 @@ def check_sr_in_cuda_graph(x: torch.Tensor) -> None:
     first = part.clone()
     graph.replay()
     assert not torch.equal(first, part), "a CUDA graph replay reused the stochastic-rounding draws"
+
+
+def check_ties(device: str) -> None:
+    """Codes of values on and around E2M1's rounding ties, hand-worked and then dense: a global amax
+    of 5.25 gives S_enc = 512, and blocks whose amax is 3 then get enc = 2 exactly, so an element
+    x becomes y = 2x. A block of ties (and -0.0) must give the codes worked out by hand, and a dense
+    sweep of float32 y in [0, 6] (every 2^s-th bit pattern, plus 64 on each side of every tie)
+    the torch path's codes."""
+    ties = torch.tensor([3, .125, .375, .625, .875, 1.25, 1.75, 2.5, -.125, -.375, -.625, -2.5, 0, -0., .0625, 2.75])
+    want = torch.tensor([7, 0, 2, 2, 4, 4, 6, 6, 8, 10, 10, 14, 0, 0, 0, 7], dtype=torch.uint8)
+    x = torch.zeros(16, 32)
+    x[0, 16], x[1, :16], x[2, :16] = 5.25, ties, -ties
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype).to(device)
+        ref = quantize_torch(xd)
+        assert torch.equal(ref.codes[1].cpu()[:8] & 15, want[0::2]) and torch.equal(ref.codes[1].cpu()[:8] >> 4,
+                                                                                    want[1::2]), "hand-worked ties"
+        assert same_bits(ref, triton_kernels.quantize(xd)), ("ties", dtype)
+    stride = 1 << (16 if triton_kernels.INTERPRETING else 6)
+    top = torch.tensor(6.0).view(torch.int32).item()
+    bits = [torch.arange(0, top + 1, stride, dtype=torch.int32)]
+    for tie in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
+        b = torch.tensor(tie).view(torch.int32).item()
+        bits.append(torch.arange(b - 64, b + 65, dtype=torch.int32))
+    y = torch.cat(bits).view(torch.float32)
+    y = torch.cat([y, y.new_zeros(-y.numel() % 150)]).view(-1, 10, 15)
+    blocks = torch.cat([torch.full((y.shape[0], 10, 1), 3.0), y / 2], dim=2)  # each block's amax is 3
+    x = torch.cat([blocks.view(-1, 160), torch.full((1, 160), 5.25)]).to(device)  # the global amax
+    assert same_bits(quantize_torch(x), triton_kernels.quantize(x)), "dense sweep around the ties"
 
 
 def check_edge_inputs(device: str) -> None:

@@ -12,8 +12,9 @@ The global amax comes from one reduction pass (with the RHT applied in registers
 x is read twice unless the caller passes the amax.
 
 Bit-exactness with ``nvfp4.quantize_torch`` rests on doing the same float32 operations in the
-same order: IEEE division (``div_rn``), no fused multiply-adds (``enable_fp_fusion=False``), the
-RHT butterfly and the Four-Over-Six error sums in the same pairwise order, and hardware
+same order: IEEE division (``div_rn``), no contracted multiply-adds (``enable_fp_fusion=False``;
+the explicit ``tl.fma`` calls stand where the product is exact or one rounding is meant), the RHT
+butterfly and the Four-Over-Six error sums in the same pairwise order, and hardware
 round-to-nearest-even casts to E4M3 and bfloat16. Stochastic rounding uses Philox (``tl.rand``)
 from a seed, so its draws differ from the torch path's; both are unbiased.
 """
@@ -108,14 +109,15 @@ if triton is not None:
 
     @triton.jit
     def _rht(x, signs_ptr, BM: tl.constexpr, G: tl.constexpr, IS_BF16: tl.constexpr):
-        """x (BM, G*16) float32 -> the RHT of each 16-block, rounded through the input dtype."""
-        s = tl.load(signs_ptr + tl.arange(0, 16))
+        """x (BM, G*16) float32 -> the RHT of each 16-block (signs and 1/4 first, as
+        hadamard.rht), rounded through the input dtype."""
+        s = tl.load(signs_ptr + tl.arange(0, 16)) * 0.25
         v = tl.reshape(x, (BM, G, 16)) * s[None, None, :]
         v = _butterfly_stage(v, BM, G, 1)
         v = _butterfly_stage(v, BM, G, 2)
         v = _butterfly_stage(v, BM, G, 4)
         v = _butterfly_stage(v, BM, G, 8)
-        v = tl.reshape(v * 0.25, (BM, G * 16))
+        v = tl.reshape(v, (BM, G * 16))
         if IS_BF16:
             v = _round_bf16(v)
         return v
@@ -262,21 +264,31 @@ if triton is not None:
         return a + b, a - b
 
     @triton.jit
+    def _bf_scaled(a, b, sa: tl.constexpr, sb: tl.constexpr, IS_BF16: tl.constexpr):
+        """The first butterfly stage on a * sa and b * sb (sa, sb = +-1/4). For bfloat16 inputs
+        those products are exact, so a fused multiply-add gives the same sums with one instruction
+        fewer per pair; float32 inputs can lose subnormal bits there and take separate roundings."""
+        t = b * sb
+        if IS_BF16:
+            return tl.fma(a, sa, t), tl.fma(a, sa, -t)
+        u = a * sa
+        return u + t, u - t
+
+    @triton.jit
     def _rht16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16: tl.constexpr,
                ROUND: tl.constexpr):
-        """The RHT of one block held as 16 separate slices: signs, then the butterfly at strides 1, 2, 4,
-        8 (the order of hadamard._butterfly), then (ROUND) / 4, rounded through the input dtype.
-        Without ROUND the caller applies _q4 itself, e.g. once to a maximum: _q4 is odd and monotonic,
-        so the largest |_q4(v)| is _q4 of the largest |v|."""
-        x3, x5, x6, x7, x8, x9, x10, x12, x14, x15 = -x3, -x5, -x6, -x7, -x8, -x9, -x10, -x12, -x14, -x15
-        x0, x1 = _bf(x0, x1)
-        x2, x3 = _bf(x2, x3)
-        x4, x5 = _bf(x4, x5)
-        x6, x7 = _bf(x6, x7)
-        x8, x9 = _bf(x8, x9)
-        x10, x11 = _bf(x10, x11)
-        x12, x13 = _bf(x12, x13)
-        x14, x15 = _bf(x14, x15)
+        """The RHT of one block held as 16 separate slices: each element times its +-1/4, then the
+        butterfly at strides 1, 2, 4, 8 (the order of hadamard._butterfly), then (ROUND) rounded
+        through the input dtype. Without ROUND the caller rounds itself, e.g. once to a maximum:
+        rounding is odd and monotonic, so the largest rounded |v| is the rounded largest |v|."""
+        x0, x1 = _bf_scaled(x0, x1, 0.25, 0.25, IS_BF16)
+        x2, x3 = _bf_scaled(x2, x3, 0.25, -0.25, IS_BF16)
+        x4, x5 = _bf_scaled(x4, x5, 0.25, -0.25, IS_BF16)
+        x6, x7 = _bf_scaled(x6, x7, -0.25, -0.25, IS_BF16)
+        x8, x9 = _bf_scaled(x8, x9, -0.25, -0.25, IS_BF16)
+        x10, x11 = _bf_scaled(x10, x11, -0.25, 0.25, IS_BF16)
+        x12, x13 = _bf_scaled(x12, x13, -0.25, 0.25, IS_BF16)
+        x14, x15 = _bf_scaled(x14, x15, -0.25, -0.25, IS_BF16)
         x0, x2 = _bf(x0, x2)
         x1, x3 = _bf(x1, x3)
         x4, x6 = _bf(x4, x6)
@@ -303,32 +315,32 @@ if triton is not None:
         x7, x15 = _bf(x7, x15)
         if not ROUND:
             return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
-        x0, x1 = _q4_pair(x0, x1, IS_BF16)
-        x2, x3 = _q4_pair(x2, x3, IS_BF16)
-        x4, x5 = _q4_pair(x4, x5, IS_BF16)
-        x6, x7 = _q4_pair(x6, x7, IS_BF16)
-        x8, x9 = _q4_pair(x8, x9, IS_BF16)
-        x10, x11 = _q4_pair(x10, x11, IS_BF16)
-        x12, x13 = _q4_pair(x12, x13, IS_BF16)
-        x14, x15 = _q4_pair(x14, x15, IS_BF16)
+        x0, x1 = _round_pair(x0, x1, IS_BF16)
+        x2, x3 = _round_pair(x2, x3, IS_BF16)
+        x4, x5 = _round_pair(x4, x5, IS_BF16)
+        x6, x7 = _round_pair(x6, x7, IS_BF16)
+        x8, x9 = _round_pair(x8, x9, IS_BF16)
+        x10, x11 = _round_pair(x10, x11, IS_BF16)
+        x12, x13 = _round_pair(x12, x13, IS_BF16)
+        x14, x15 = _round_pair(x14, x15, IS_BF16)
         return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
 
     @triton.jit
-    def _q4(v, IS_BF16: tl.constexpr):
-        v = v * 0.25
+    def _round_input(v, IS_BF16: tl.constexpr):
+        """v rounded through the input dtype (bfloat16) or left as it is (float32)."""
         if IS_BF16:
             v = _round_bf16(v)
         return v
 
     @triton.jit
-    def _q4_pair(a, b, IS_BF16: tl.constexpr):
-        """_q4 of two values; on the GPU one convert rounds both to bfloat16 (PTX cvt.rn.bf16x2.f32
-        puts its first operand in the high half), which saves an instruction per pair."""
+    def _round_pair(a, b, IS_BF16: tl.constexpr):
+        """_round_input of two values; on the GPU one convert rounds both to bfloat16 (PTX
+        cvt.rn.bf16x2.f32 puts its first operand in the high half), an instruction fewer per pair."""
         if IS_BF16 and _HW_ROUND:
-            w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [a * 0.25, b * 0.25],
+            w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [a, b],
                                           dtype=tl.int32, is_pure=True, pack=1)
             return (w & -65536).to(tl.float32, bitcast=True), (w << 16).to(tl.float32, bitcast=True)
-        return _q4(a, IS_BF16), _q4(b, IS_BF16)
+        return _round_input(a, IS_BF16), _round_input(b, IS_BF16)
 
     @triton.jit
     def _ld(ptr, p, sxk, mask):
@@ -368,7 +380,7 @@ if triton is not None:
         if AMAX_ONLY:
             tile_max = _tile_max(bamax)
             if RHT:
-                tile_max = _q4(tile_max, IS_BF16)
+                tile_max = _round_input(tile_max, IS_BF16)
             tl.store(max_ptr + tile_id, tile_max)
         return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax
 
@@ -455,14 +467,35 @@ if triton is not None:
         return e0, e1, e2, e3, e4, e5, e6, e7
 
     @triton.jit
-    def _code(x, enc):
-        return _quant_elem(x, enc, 0.0, False)[1]
+    def _nibble_bits(x, enc):
+        """0x4B000000 plus the 4-bit code of x * enc, round to nearest even: the same codes as _e2m1,
+        in fewer (and fewer integer) instructions, for the block kernel, which needs no values.
+        With a = |x * enc|, the magnitude code is rne(min(2a, a + 2, a/2 + 4)), capped at 7: the three
+        pieces are E2M1's steps of 1/2, 1 and 2, and rounding commutes with min as it is monotonic.
+        Each piece is rounded by adding it to 2^23 (one rounding: the fused multiply-add is exact
+        before it), so the minimum is 2^23 + code and its low bits are the code. Agrees with e2m1_rne
+        on every float32 in [0, 8) (checked once); selfcheck.check_ties sweeps it densely."""
+        y = x * enc
+        a = tl.abs(y)
+        f = tl.minimum(tl.minimum(tl.fma(a, 2.0, 8388608.0), a + 8388610.0),
+                       tl.minimum(tl.fma(a, 0.5, 8388612.0), 8388615.0))
+        bits = f.to(tl.int32, bitcast=True)
+        return tl.where(y < 0, bits + 8, bits)  # y < 0: -0.0 keeps code 0, as in e2m1_rne
 
     @triton.jit
     def _word(x0, x1, x2, x3, x4, x5, x6, x7, enc):
-        """Eight elements' codes as one little-endian int32 (element 2i in the low nibble of byte i)."""
-        w = _code(x0, enc) | (_code(x1, enc) << 4) | (_code(x2, enc) << 8) | (_code(x3, enc) << 12)
-        return w | (_code(x4, enc) << 16) | (_code(x5, enc) << 20) | (_code(x6, enc) << 24) | (_code(x7, enc) << 28)
+        """Eight elements' codes as one little-endian int32 (element 2i in the low nibble of byte i),
+        by Horner's rule on the nibble bits; each carries 0x4B000000, which only the two lowest
+        nibbles' shifts keep: 0x4B000000 + 0xB0000000 = 0xFB000000, taken off modulo 2^32."""
+        w = _nibble_bits(x7, enc)
+        w = w * 16 + _nibble_bits(x6, enc)
+        w = w * 16 + _nibble_bits(x5, enc)
+        w = w * 16 + _nibble_bits(x4, enc)
+        w = w * 16 + _nibble_bits(x3, enc)
+        w = w * 16 + _nibble_bits(x2, enc)
+        w = w * 16 + _nibble_bits(x1, enc)
+        w = w * 16 + _nibble_bits(x0, enc)
+        return w + 0x05000000
 
     @triton.jit
     def _block_kernel(x_ptr, sxm, M, K, amax_ptr, codes_ptr, scales_ptr, max_ptr, plain_max_ptr,
