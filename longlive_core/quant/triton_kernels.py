@@ -60,8 +60,11 @@ if triton is not None:
 
     @triton.jit
     def _round_e4m3(v):
-        """float32 in [0, 448] -> the nearest E4M3 value (ties to even), still float32. Done in integer
-        arithmetic so it does not depend on how a cast rounds (Triton's CPU interpreter truncates)."""
+        """float32 in [0, 448] -> the nearest E4M3 value (ties to even), still float32: the GPU's
+        rounding convert there and back, or integer arithmetic under the CPU interpreter (whose
+        casts truncate)."""
+        if _HW_ROUND:
+            return v.to(tl.float8e4nv).to(tl.float32)
         bits = v.to(tl.int32, bitcast=True)
         normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
         # below 2^-6 E4M3 is subnormal, steps of 2^-9: adding 2^23 rounds v * 2^9 to an integer, ties to even
