@@ -558,8 +558,14 @@ def _signs(device: torch.device) -> torch.Tensor:
     return _SIGNS[device]
 
 
+def _cdiv(a: int, b: int) -> int:
+    # plain integer ceil-division: triton.cdiv is a constexpr function whose host-side call wrapper
+    # costs microseconds, and the grids are computed on every launch
+    return -(-a // b)
+
+
 def _grid(m: int, k: int) -> tuple[int, int]:
-    return triton.cdiv(m, TILE["BM"]), triton.cdiv(k, TILE["BK"])
+    return _cdiv(m, TILE["BM"]), _cdiv(k, TILE["BK"])
 
 
 def _block_tile(use: str, k: int) -> dict:
@@ -572,13 +578,13 @@ def _block_tile(use: str, k: int) -> dict:
 
 
 def _block_launch(tile: dict, m: int, k: int, *args, **constexprs) -> None:
-    grid = (triton.cdiv(m, tile["BM"]), triton.cdiv(k // BLOCK, tile["G"]))
+    grid = (_cdiv(m, tile["BM"]), _cdiv(k // BLOCK, tile["G"]))
     _block_kernel[grid](*args, BM=tile["BM"], G=tile["G"], num_warps=tile["num_warps"], enable_fp_fusion=False,
                         **constexprs)
 
 
 def _slice_grid(m: int, k: int) -> tuple[int, int]:
-    return triton.cdiv(m, SLICE_TILE["BM"]), triton.cdiv(k // BLOCK, SLICE_TILE["G"])
+    return _cdiv(m, SLICE_TILE["BM"]), _cdiv(k // BLOCK, SLICE_TILE["G"])
 
 
 def pick_kernel(x: torch.Tensor, tile, stochastic: bool, four_over_six, codes_only: bool) -> str:
@@ -605,7 +611,7 @@ def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
         return torch.linalg.vector_norm(x, float("inf")).float()
     n = x.numel()
     per_program = AMAX_TILE["BLOCK_SIZE"] * AMAX_TILE["ITERS"]
-    partial = torch.empty(triton.cdiv(n, per_program), dtype=torch.float32, device=x.device)
+    partial = torch.empty(_cdiv(n, per_program), dtype=torch.float32, device=x.device)
     _absmax_kernel[(partial.numel(),)](x, n, partial, BLOCK_SIZE=AMAX_TILE["BLOCK_SIZE"], ITERS=AMAX_TILE["ITERS"],
                                        num_warps=AMAX_TILE["num_warps"])
     return partial.amax()
@@ -626,7 +632,7 @@ def amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return zero, zero.clone()
     rows = x.stride(1) == 1  # contiguous rows: whole blocks per thread; else slices along the other axis
     tile = _block_tile("amaxes", k)
-    grid = (triton.cdiv(m, tile["BM"]), triton.cdiv(k // BLOCK, tile["G"])) if rows else _slice_grid(m, k)
+    grid = (_cdiv(m, tile["BM"]), _cdiv(k // BLOCK, tile["G"])) if rows else _slice_grid(m, k)
     maxes = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
     rht_max, plain_max = maxes
     is_bf16 = x.dtype == torch.bfloat16
