@@ -7,9 +7,10 @@ computed by the kernel's own pass (x read twice) and passed in (x read once), an
 (q * S_dec, bfloat16) output the emulated GEMM uses. Effective bandwidth counts the bytes the
 kernel must move (x reads, codes + scales or the partial written) and is set against a
 device-to-device copy measured in the same run the same way (a CUDA graph; bytes read + written)
-and against the H200's copy bandwidth in docs/REFERENCE.md, 4.19 TB/s, which the goal names. Checks the bits against
-the torch reference first. --sweep times the kernel's tile shapes and warp counts first and uses
-the fastest (writing it to --best-out for bench/nvfp4_linear.py --tile-from).
+and against the H200's copy bandwidth in ../shared/docs/REFERENCE.md, 4.19 TB/s, which the goal
+names. Checks the bits against the torch reference first. --sweep times the kernel's tile shapes
+and warp counts first and uses the fastest (writing it to --best-out for
+bench/nvfp4_linear.py --tile-from).
 """
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ the Sylvester Hadamard matrix and ``s`` Transformer Engine's fixed sign vector. 
 orthogonal, so applying it to both inputs of a GEMM along the reduction axis leaves the product
 unchanged while spreading outliers over their block.
 
-The product is computed as a matmul computes it: every element is first multiplied by its
-matrix entry's magnitude and sign (+-1/4; exact, short of float32 subnormals), then a fast
-Walsh-Hadamard butterfly adds the products in float32 (four stages of pairwise sums and
-differences, in a fixed order), and the result is rounded once to the input dtype. That is the
+The product is computed as a matmul computes it: every element is first multiplied by its sign
+times 1/4 (exact, short of float32 subnormals), then a fast Walsh-Hadamard butterfly adds the
+products in float32 (four stages of pairwise sums and differences, in a fixed order: H16's own
+signs are its subtractions), and the result is rounded once to the input dtype. That is the
 float32 accumulation the spec asks of the bfloat16 matmul, and because every output is a fixed
 sequence of IEEE operations the Triton kernels reproduce it bit for bit.
 """

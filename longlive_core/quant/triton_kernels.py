@@ -16,7 +16,10 @@ same order: IEEE division (``div_rn``), no contracted multiply-adds (``enable_fp
 the explicit ``tl.fma`` calls stand where the product is exact or one rounding is meant), the RHT
 butterfly and the Four-Over-Six error sums in the same pairwise order, and hardware
 round-to-nearest-even casts to E4M3 and bfloat16. Stochastic rounding uses Philox (``tl.rand``)
-from a seed, so its draws differ from the torch path's; both are unbiased.
+from a seed, so its draws differ from the torch path's; both are unbiased. A NaN anywhere makes
+the global amax and the decode scale NaN on both paths, so every dequantized value and GEMM output
+is NaN; the codes and scale bytes of such a tensor differ (the kernels' minimum returns the number
+where torch's propagates the NaN) and are not compared.
 """
 from __future__ import annotations
 
