@@ -3,8 +3,7 @@ layout conversions (shared-memory round trips) in the TTGIR, PTX instructions pe
 SASS instructions on the main path (up to the last EXIT, so not the IEEE division's slow path) per
 element, with the most frequent opcodes. The kernels that are issue-bound on the H200 (the RHT
 codes) track the SASS figure: session 4 measured 0.074 -> 0.072 ms for 902 -> 885, session 5
-0.071 -> 0.064 -> 0.062 ms for 885 -> 781 -> 768 (fewer integer and min/max instructions, which
-sm_90 issues at half the float rate, helped more than the count alone).
+0.0705 -> 0.0638 -> 0.062 ms for 885 -> 781 -> 768 (time falls a little less than the count).
 
     .venv/bin/python bench/tools/kernel_asm.py [--out DIR]   # also writes the .ttgir/.ptx there
 
