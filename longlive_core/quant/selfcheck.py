@@ -127,8 +127,8 @@ def check_ties(device: str) -> None:
     """Codes of values on and around E2M1's rounding ties, hand-worked and then dense: a global amax
     of 5.25 gives S_enc = 512, and blocks whose amax is 3 then get enc = 2 exactly, so an element
     x becomes y = 2x. A block of ties (and -0.0) must give the codes worked out by hand, and a dense
-    sweep of float32 y in [0, 6] (every 2^s-th bit pattern, plus 64 on each side of every tie)
-    the torch path's codes."""
+    sweep of float32 y in [0, 6] (every 64th bit pattern on a GPU, every 65536th under the
+    interpreter, plus 64 on each side of every tie) the torch path's codes."""
     ties = torch.tensor([3, .125, .375, .625, .875, 1.25, 1.75, 2.5, -.125, -.375, -.625, -2.5, 0, -0., .0625, 2.75])
     want = torch.tensor([7, 0, 2, 2, 4, 4, 6, 6, 8, 10, 10, 14, 0, 0, 0, 7], dtype=torch.uint8)
     x = torch.zeros(16, 32)
