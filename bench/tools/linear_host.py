@@ -5,7 +5,9 @@
 
 Before each timed piece the GPU gets a long sleep kernel, so a piece that returns quickly did not
 wait for it, and one that takes about the sleep synchronized. Triton's per-kernel compile caches
-are counted before and after, so a kernel compiled again on later steps shows.
+are counted before and after, so a kernel compiled again on later steps shows. Then 20 steps run
+back to back (one synchronization at the end, as a training loop runs them), and a few single
+calls are timed for scale: their host cost per call, 200 in a row.
 """
 from __future__ import annotations
 
@@ -83,6 +85,38 @@ def main() -> None:
         times = [host_ms(fn) for _ in range(3)]
         print(f"| {name} | " + " | ".join(f"{v:.3f}" for v in times) + " |")
     torch.cuda.set_sync_debug_mode(0)
+    back_to_back(step)
+    call_costs()
+
+
+def back_to_back(step, steps: int = 20) -> None:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    issued = time.perf_counter()
+    torch.cuda.synchronize()
+    done = time.perf_counter()
+    print(f"{steps} steps back to back: {1000 * (issued - t0) / steps:.2f} ms per step to issue, "
+          f"{1000 * (done - t0) / steps:.2f} ms per step in all")
+
+
+def call_costs(calls: int = 200) -> None:
+    y = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    amax = torch.ones((), device="cuda")
+    pieces = {"torch.empty": lambda: torch.empty(10, device="cuda"), "torch add": lambda: y.add(1),
+              "triton_kernels.global_amax": lambda: triton_kernels.global_amax(y, False),
+              "triton_kernels.quantize, amax given": lambda: triton_kernels.quantize(y, amax=amax)}
+    for name, fn in pieces.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        dt = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        print(f"| {name} | {1e6 * dt / calls:.1f} us host per call |")
 
 
 if __name__ == "__main__":
