@@ -6,8 +6,9 @@
 Before each timed piece the GPU gets a long sleep kernel, so a piece that returns quickly did not
 wait for it, and one that takes about the sleep synchronized. Triton's per-kernel compile caches
 are counted before and after, so a kernel compiled again on later steps shows. Then 20 steps run
-back to back (one synchronization at the end, as a training loop runs them), and a few single
-calls are timed for scale: their host cost per call, 200 in a row.
+back to back (one synchronization at the end, as a training loop runs them), alternately with
+Triton's own launches and with the library's CachedLaunch, and a few single calls are timed for
+scale: their host cost per call, 200 in a row.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 import torch
 from torch import nn
 
-from longlive_core.quant import NVFP4Linear, NVFP4Recipe, triton_kernels
+from longlive_core.quant import NVFP4Linear, NVFP4Recipe, triton_kernels, triton_launch
 from longlive_core.quant.gemm import emulated_mm, operand_amaxes, quantize_partial
 
 SLEEP_CYCLES = 400_000_000  # ~0.2 s of GPU clock
@@ -85,7 +86,10 @@ def main() -> None:
         times = [host_ms(fn) for _ in range(3)]
         print(f"| {name} | " + " | ".join(f"{v:.3f}" for v in times) + " |")
     torch.cuda.set_sync_debug_mode(0)
-    back_to_back(step)
+    for enabled in (False, True, False, True):  # side by side: Triton's own launch, then the cached one
+        triton_launch.ENABLED = enabled
+        print("CachedLaunch" if enabled else "Triton's fn[grid]", end=": ")
+        back_to_back(step)
     call_costs()
 
 

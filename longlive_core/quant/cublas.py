@@ -103,7 +103,8 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_dtype: 
               c: torch.Tensor | None = None) -> torch.Tensor:
     """``alpha * (a @ b) (+ c)`` as a new (M, N) row-major tensor of ``out_dtype``: a (M, K) and
     b (K, N) CUDA matrices (any mix of row- and column-major), alpha a float32 device scalar,
-    c (M, N) of out_dtype (beta = 1; broadcast views such as a bias row are materialized)."""
+    c (M, N) (beta = 1; it is copied into the output first, so broadcast views such as a bias row are
+    materialized and another dtype is rounded to out_dtype, as ``c.to(out_dtype)`` rounds it)."""
     if not supported(a, b, out_dtype):
         raise ValueError(f"scaled_mm takes two non-empty 2-D CUDA matrices with matching inner dims and an "
                          f"(operand, output) dtype pair in {sorted((str(i), str(o)) for i, o in _PAIRS)}; got "

@@ -53,10 +53,10 @@ def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_deco
     to accumulation order and a fused multiply-add."""
     as_scale = lambda d: torch.as_tensor(d, dtype=torch.float32, device=a.device)  # noqa: E731  floats too
     alpha = as_scale(a_decode) * as_scale(b_decode)
-    bias = None if bias is None else bias.to(out_dtype)
-    if cublas.supported(a, b, out_dtype):
+    if cublas.supported(a, b, out_dtype):  # scaled_mm's copy of c into its output is the cast to out_dtype
         c = None if bias is None else bias.expand(a.shape[0], b.shape[1])
         return cublas.scaled_mm(a, b, alpha, out_dtype, c)
+    bias = None if bias is None else bias.to(out_dtype)
     # the CPU has no bf16 -> fp32 mm; there the operands go to float32, where they are exact too
     acc = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else torch.mm(a.float(), b.float())
     out = acc * alpha

@@ -1,10 +1,11 @@
 """Checks that the Triton kernels compute what the torch reference does, on this machine's GPU.
 
-    python -m longlive_core.quant.selfcheck [--part rows slices blocks gemm rht]   # raises on any mismatch
+    python -m longlive_core.quant.selfcheck [--part rows slices blocks gemm rht launch]   # raises on any mismatch
 
 Round-to-nearest results must be bit-identical (codes, scales, amax, the GEMM's partial operands);
-stochastic rounding must be reproducible from a generator and unbiased. The tests run the same
-checks on the CPU under Triton's interpreter, and on a GPU where there is one.
+stochastic rounding must be reproducible from a generator and unbiased. Every launch also checks
+that the cached launch (:mod:`.triton_launch`) runs the kernel Triton itself would pick. The tests
+run the same checks on the CPU under Triton's interpreter, and on a GPU where there is one.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import argparse
 import torch
 from torch import nn
 
-from longlive_core.quant import triton_kernels
+from longlive_core.quant import triton_kernels, triton_launch
 from longlive_core.quant.gemm import emulated_mm, operand_amaxes, quantize_partial
 from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
 from longlive_core.quant.nvfp4 import quantize_torch, unpack_codes
@@ -257,12 +258,40 @@ def check_scaled_gemm(device: str = "cuda") -> None:
     assert torch.equal(torch.addmm(c, a.float(), b.float(), alpha=2.0, beta=0.5), want)
 
 
+def check_cached_launch(device: str = "cuda") -> None:
+    """The cached launch's key against Triton's specialization: for arguments that differ in what
+    Triton specializes on (alignment and dtype of a pointer, an int equal to 1, divisible by 16 or
+    past int32, a constexpr, a compile option) it picks the kernel Triton picks; and a launch on an
+    unaligned view computes what torch does."""
+    launcher, fn = triton_kernels._absmax_launcher, triton_kernels._absmax_kernel
+    base = torch.randn(4096 + 8, device=device)
+    out = torch.zeros(64, dtype=torch.int32, device=device)
+    tile = dict(BLOCK_SIZE=256, ITERS=2, num_warps=4)
+    variants = [((base, 4096, out), tile), ((base[1:], 4096, out), tile), ((base[4:], 4096, out), tile),
+                ((base.bfloat16(), 4096, out), tile), ((base, 1, out), tile), ((base, 17, out), tile),
+                ((base, 2**31 + 16, out), tile), ((base, 2**31 + 1, out), tile), ((base, 2**63 + 16, out), tile),
+                ((base, 4096, out[1:]), tile), ((base, 4096, out), {**tile, "ITERS": 4}),
+                ((base, 4096, out), {**tile, "num_warps": 8})]
+    picked = []
+    for args, kwargs in variants:
+        ours = launcher.kernel_for(args, kwargs)[1][0]
+        triton = triton_launch._resolved(fn.run(*args, grid=None, warmup=True, **kwargs))
+        assert ours is triton, (args[1:], kwargs)
+        picked.append(ours)
+    assert len({id(k) for k in picked}) > 1  # the variations do reach different kernels
+    x = base[1:4001]  # unaligned, launched through the cache (second call: a hit)
+    for _ in range(2):
+        got = triton_kernels.global_amax(x, False)
+        assert torch.equal(got, x.abs().amax()), (got, x.abs().amax())
+
+
 def main() -> None:
-    parts = (*triton_kernels.KERNELS, "gemm", "rht")
+    parts = (*triton_kernels.KERNELS, "gemm", "rht", "launch")
     ap = argparse.ArgumentParser(description="GPU checks of the NVFP4 kernels against the torch reference")
     ap.add_argument("--part", choices=parts, nargs="+", default=parts,
                     help="a subset: rht and gemm take ~30 s; the kernel parts compile every row-tile variant")
     args = ap.parse_args()
+    triton_launch.VERIFY = True
     kernels = tuple(k for k in args.part if k in triton_kernels.KERNELS)
     if kernels:
         check_kernels("cuda", kernels=kernels)
@@ -272,6 +301,8 @@ def main() -> None:
     if "gemm" in args.part:
         check_emulated_linear("cuda")
         check_scaled_gemm("cuda")
+    if "launch" in args.part:
+        check_cached_launch("cuda")
     print(f"NVFP4 selfcheck passed: {' '.join(args.part)}")
 
 

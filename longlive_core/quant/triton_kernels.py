@@ -38,6 +38,7 @@ from longlive_core.quant.nvfp4 import (
     check_input,
     global_encode_scale,
 )
+from longlive_core.quant.triton_launch import CachedLaunch
 
 try:
     import triton
@@ -371,14 +372,23 @@ if triton is not None:
         return tl.reduce(v, None, _nanmax)
 
     @triton.jit
+    def _atomic_amax(word_ptr, amax):
+        """max into one int32 word (zeroed by the caller) of amax's float32 bits: for non-negative
+        floats the integer order is the float order, and a NaN (sign cleared by abs) is above +inf,
+        so the word ends as the float max of all programs' maxima, NaN if any is. One atomic per
+        program replaces a partial per program and a torch reduction of them: the torch call
+        costs the host more than the atomics cost the GPU."""
+        tl.atomic_max(word_ptr, amax.to(tl.int32, bitcast=True), sem="relaxed")
+
+    @triton.jit
     def _transform_and_amax(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, max_ptr,
                             plain_max_ptr, RHT: tl.constexpr, IS_BF16: tl.constexpr, AMAX_ONLY: tl.constexpr):
-        """The 16 slices after the RHT (when asked) and their block amax. AMAX_ONLY: stores this
-        tile's plain and transformed maxima instead, the transformed one rounded once (see _rht16)."""
-        tile_id = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        """The 16 slices after the RHT (when asked) and their block amax. AMAX_ONLY: folds this
+        tile's plain and transformed maxima (the transformed one rounded once, see _rht16) into the
+        int32 words at plain_max_ptr and max_ptr instead (_atomic_amax)."""
         if AMAX_ONLY:  # the plain amax too, from the same read (both operands of one tensor)
             plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
-            tl.store(plain_max_ptr + tile_id, _tile_max(plain))
+            _atomic_amax(plain_max_ptr, _tile_max(plain))
         if RHT:
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16, not AMAX_ONLY)
@@ -387,7 +397,7 @@ if triton is not None:
             tile_max = _tile_max(bamax)
             if RHT:
                 tile_max = _round_input(tile_max, IS_BF16)
-            tl.store(max_ptr + tile_id, tile_max)
+            _atomic_amax(max_ptr, tile_max)
         return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax
 
     @triton.jit
@@ -531,14 +541,22 @@ if triton is not None:
             tl.store(scales_ptr + rm[:, None] * (K // 16) + rg[None, :], sbits, mask=mask)
 
     @triton.jit
-    def _absmax_kernel(x_ptr, n, out_ptr, BLOCK_SIZE: tl.constexpr, ITERS: tl.constexpr):
-        """max |x| of ITERS consecutive chunks of a contiguous tensor, one partial per program."""
+    def _absmax_kernel(x_ptr, n, word_ptr, BLOCK_SIZE: tl.constexpr, ITERS: tl.constexpr):
+        """max |x| of a contiguous tensor into the zeroed int32 word_ptr (float32 bits), each program
+        folding in the max of its ITERS consecutive chunks (_atomic_amax)."""
         start = tl.program_id(0).to(tl.int64) * (BLOCK_SIZE * ITERS)
         acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
         for i in range(ITERS):
             offs = start + i * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
             acc = _nanmax(acc, tl.abs(_f32(tl.load(x_ptr + offs, mask=offs < n, other=0.0))))
-        tl.store(out_ptr + tl.program_id(0), _tile_max(acc))
+        _atomic_amax(word_ptr, _tile_max(acc))
+
+    # launched through CachedLaunch: Triton's own fn[grid] costs tens of microseconds of host time
+    # per call, which bounds an eager NVFP4 linear step at Wan-5B shapes (triton_launch's docstring)
+    _quant_launcher = CachedLaunch(_quant_kernel)
+    _slice_launcher = CachedLaunch(_slice_kernel)
+    _block_launcher = CachedLaunch(_block_kernel)
+    _absmax_launcher = CachedLaunch(_absmax_kernel)
 
 
 _SIGNS: dict[torch.device, torch.Tensor] = {}
@@ -582,8 +600,8 @@ def _block_tile(use: str, k: int) -> dict:
 
 def _block_launch(tile: dict, m: int, k: int, *args, **constexprs) -> None:
     grid = (_cdiv(m, tile["BM"]), _cdiv(k // BLOCK, tile["G"]))
-    _block_kernel[grid](*args, BM=tile["BM"], G=tile["G"], num_warps=tile["num_warps"], enable_fp_fusion=False,
-                        **constexprs)
+    _block_launcher[grid](*args, BM=tile["BM"], G=tile["G"], num_warps=tile["num_warps"], enable_fp_fusion=False,
+                          **constexprs)
 
 
 def _slice_grid(m: int, k: int) -> tuple[int, int]:
@@ -614,10 +632,10 @@ def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
         return torch.linalg.vector_norm(x, float("inf")).float()
     n = x.numel()
     per_program = AMAX_TILE["BLOCK_SIZE"] * AMAX_TILE["ITERS"]
-    partial = torch.empty(_cdiv(n, per_program), dtype=torch.float32, device=x.device)
-    _absmax_kernel[(partial.numel(),)](x, n, partial, BLOCK_SIZE=AMAX_TILE["BLOCK_SIZE"], ITERS=AMAX_TILE["ITERS"],
-                                       num_warps=AMAX_TILE["num_warps"])
-    return partial.amax()
+    word = torch.zeros((), dtype=torch.int32, device=x.device)
+    _absmax_launcher[(_cdiv(n, per_program),)](x, n, word, BLOCK_SIZE=AMAX_TILE["BLOCK_SIZE"],
+                                               ITERS=AMAX_TILE["ITERS"], num_warps=AMAX_TILE["num_warps"])
+    return word.view(torch.float32)
 
 
 def _check(x: torch.Tensor, tile) -> None:
@@ -636,19 +654,19 @@ def amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows = x.stride(1) == 1  # contiguous rows: whole blocks per thread; else slices along the other axis
     tile = _block_tile("amaxes", k)
     grid = (_cdiv(m, tile["BM"]), _cdiv(k // BLOCK, tile["G"])) if rows else _slice_grid(m, k)
-    maxes = torch.empty((2, grid[0] * grid[1]), dtype=torch.float32, device=x.device)
-    rht_max, plain_max = maxes
+    maxes = torch.zeros(2, dtype=torch.int32, device=x.device)  # float32 bits, for _atomic_amax
+    rht_max, plain_max = maxes.unbind()
     is_bf16 = x.dtype == torch.bfloat16
     if rows:
         _block_launch(tile, m, k, x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max, plain_max, SCALE6=0.0,
                       RHT=True, IS_BF16=is_bf16, AMAX_ONLY=True)
     else:
-        _slice_kernel[grid](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0, 0, rht_max,
-                            rht_max, plain_max, rht_max, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
-                            num_warps=SLICE_TILE["num_warps"], RHT=True, IS_BF16=is_bf16, SR=False,
-                            WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, AMAX_ONLY=True,
-                            enable_fp_fusion=False)
-    rht, plain = maxes.amax(dim=1)  # one reduction for both (torch's amax propagates NaN, as the kernels do)
+        _slice_launcher[grid](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0, 0, rht_max,
+                              rht_max, plain_max, rht_max, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
+                              num_warps=SLICE_TILE["num_warps"], RHT=True, IS_BF16=is_bf16, SR=False,
+                              WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, AMAX_ONLY=True,
+                              enable_fp_fusion=False)
+    rht, plain = maxes.view(torch.float32).unbind()
     return plain, rht
 
 
@@ -674,7 +692,8 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
         raise ValueError(f"four_over_six must be None, 'mse' or 'mae'; got {four_over_six!r}")
     m, k = x.shape
     scale_max = FOUR_OVER_SIX_E4M3_MAX if four_over_six else E4M3_MAX
-    amax = None if amax is None else amax.to(device=x.device, dtype=torch.float32).reshape(())
+    if amax is not None and (amax.dtype != torch.float32 or amax.dim() != 0 or amax.device != x.device):
+        amax = amax.to(device=x.device, dtype=torch.float32).reshape(())  # a no-op .to still costs a dispatch
     if m * k == 0:  # nothing to launch; the torch path's amax (0 unless given) and decode scale
         amax = torch.zeros((), dtype=torch.float32, device=x.device) if amax is None else amax
         if dec is not None:
@@ -696,12 +715,13 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
                       codes.view(torch.int32), scales, dummy, dummy, SCALE6=scale_max * 6.0, RHT=rht,
                       IS_BF16=x.dtype == torch.bfloat16, AMAX_ONLY=False)
     elif kernel == "slices":
-        _slice_kernel[_slice_grid(m, k)](*args, amax, *outs, dummy, dummy, seed, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
-                                         num_warps=SLICE_TILE["num_warps"], AMAX_ONLY=False, **common)
+        _slice_launcher[_slice_grid(m, k)](*args, amax, *outs, dummy, dummy, seed, BM=SLICE_TILE["BM"],
+                                           G=SLICE_TILE["G"], num_warps=SLICE_TILE["num_warps"], AMAX_ONLY=False,
+                                           **common)
     else:
-        _quant_kernel[_grid(m, k)](*args, _signs(x.device), amax, *outs[:5], outs[5], seed, BM=TILE["BM"],
-                                   BK=TILE["BK"], num_warps=TILE["num_warps"], TILE2D=tile[0] == BLOCK,
-                                   FOS=FOS_CODES[four_over_six], **common)
+        _quant_launcher[_grid(m, k)](*args, _signs(x.device), amax, *outs[:5], outs[5], seed, BM=TILE["BM"],
+                                     BK=TILE["BK"], num_warps=TILE["num_warps"], TILE2D=tile[0] == BLOCK,
+                                     FOS=FOS_CODES[four_over_six], **common)
     return amax, scale_max
 
 
