@@ -11,6 +11,7 @@ restored after it.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
@@ -120,9 +121,10 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_dtype: 
     # row-major out = a @ b is column-major out^T = b^T a^T: cuBLAS gets (b, a) with m = n, n = m
     bb, op_b, ld_b = _operand(b)
     aa, op_a, ld_a = _operand(a)
-    alpha = alpha.reshape(())
     lib = _library()
-    with torch.cuda.device(a.device):  # the handle, its stream and the call all on the operands' device
+    # the handle, its stream and the call all on the operands' device (entering the context costs
+    # microseconds on every GEMM, so only where another device is current)
+    with contextlib.nullcontext() if a.device.index == torch.cuda.current_device() else torch.cuda.device(a.device):
         handle = ctypes.c_void_p(torch.cuda.current_blas_handle())  # torch sets its stream and workspace
         pointer_mode, math_mode = ctypes.c_int(), ctypes.c_int()
         _checked(lib.cublasGetPointerMode_v2(handle, ctypes.byref(pointer_mode)), "cublasGetPointerMode")
