@@ -289,7 +289,7 @@ def main() -> None:
     parts = (*triton_kernels.KERNELS, "gemm", "rht", "launch")
     ap = argparse.ArgumentParser(description="GPU checks of the NVFP4 kernels against the torch reference")
     ap.add_argument("--part", choices=parts, nargs="+", default=parts,
-                    help="a subset: rht and gemm take ~30 s; the kernel parts compile every row-tile variant")
+                    help="a subset: rht, gemm and launch take ~30 s; the kernel parts compile every row-tile variant")
     args = ap.parse_args()
     triton_launch.VERIFY = True
     kernels = tuple(k for k in args.part if k in triton_kernels.KERNELS)
