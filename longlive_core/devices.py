@@ -1,6 +1,7 @@
 """Which torch device a stage runs on, from its ``device`` param (auto | cpu | cuda)."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -24,3 +25,12 @@ def pick_device(name: str, param: str = "device") -> torch.device:
     if name != "cpu":
         raise ConfigError(f"{param} must be auto, cpu or cuda; got {name!r}")
     return torch.device(name)
+
+
+def made_current(t: torch.Tensor):
+    """A context that makes ``t``'s CUDA device the current one (nothing to do where it already is,
+    or for a CPU tensor): Triton kernels and cuBLAS calls run on the current device's stream, torch
+    ops on ``t`` on its own device's, and the two must be one."""
+    if not t.is_cuda or t.device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(t.device)

@@ -33,3 +33,5 @@ def test_call_site_must_name_every_trailing_parameter():
     assert launcher._trailing(3, {"BLOCK_SIZE": 8, "ITERS": 2, "num_warps": 4}) == (8, 2)
     with pytest.raises(TypeError, match="ITERS"):
         launcher._trailing(3, {"BLOCK_SIZE": 8})
+    with pytest.raises(TypeError, match="'BLOCK_SIZE' positionally"):  # its key would not see the value
+        launcher._trailing(4, {"ITERS": 2})

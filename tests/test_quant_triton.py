@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from longlive_core.quant.selfcheck import check_emulated_linear, check_kernels, check_scaled_gemm
+from longlive_core.quant.selfcheck import check_cached_launch, check_emulated_linear, check_kernels, check_scaled_gemm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,14 +26,25 @@ def test_triton_matches_torch_in_the_interpreter():
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
 
 
+@pytest.fixture
+def verified_launches(monkeypatch):
+    from longlive_core.quant import triton_launch
+    monkeypatch.setattr(triton_launch, "VERIFY", True)
+
+
 @needs_cuda
-def test_triton_matches_torch_on_the_gpu():
+def test_triton_matches_torch_on_the_gpu(verified_launches):
     check_kernels("cuda")
     check_kernels("cuda", m=1024, k=4096)
 
 
 @needs_cuda
-def test_emulated_linear_is_the_same_on_both_backends_on_the_gpu():
+def test_cached_launch_picks_the_kernel_triton_picks_on_the_gpu(verified_launches):
+    check_cached_launch("cuda")
+
+
+@needs_cuda
+def test_emulated_linear_is_the_same_on_both_backends_on_the_gpu(verified_launches):
     check_emulated_linear("cuda")
 
 

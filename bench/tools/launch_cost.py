@@ -20,7 +20,7 @@ import time
 import torch
 from torch import nn
 
-from longlive_core.quant import NVFP4Linear, NVFP4Recipe
+from longlive_core.quant import NVFP4Linear, NVFP4Recipe, triton_launch
 from longlive_core.quant import triton_kernels as tk
 
 CALLS = 2000
@@ -57,7 +57,7 @@ def main() -> None:
         tk._block_kernel[grid](*kernel_args, **constexprs, **options)
 
     compiled = tk._block_kernel.run(*kernel_args, grid=grid, warmup=True, **constexprs, **options)
-    compiled = compiled.result() if hasattr(compiled, "result") else compiled
+    compiled = triton_launch._resolved(compiled)
     bound = inspect.signature(tk._block_kernel.fn).bind(*kernel_args, **constexprs)
     all_args = tuple(bound.arguments.values())
     runner = compiled[grid]
@@ -111,6 +111,7 @@ def gemm_rows() -> dict:
     a = torch.randn(256, 3072, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(3072, 256, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(256, device="cuda")
+    bias16 = bias.bfloat16()
     alpha = torch.ones((), device="cuda")
     out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
     lib = cublas._library()
@@ -119,15 +120,18 @@ def gemm_rows() -> dict:
     beta = cublas._constant(a.device, 0.0)
 
     def gemm_ex():  # the bare cuBLAS call, device pointer mode set around the timing loop by the caller
-        lib.cublasGemmEx(handle, 0, 0, 256, 256, 3072, alpha.data_ptr(), b.data_ptr(), 14, 256, a.data_ptr(), 14,
-                         3072, beta.data_ptr(), out.data_ptr(), 14, 256, 68, -1)
+        bf16 = cublas._DTYPES[torch.bfloat16]
+        lib.cublasGemmEx(handle, cublas._OP_N, cublas._OP_N, 256, 256, 3072, alpha.data_ptr(), b.data_ptr(), bf16,
+                         256, a.data_ptr(), bf16, 3072, beta.data_ptr(), out.data_ptr(), bf16, 256,
+                         cublas._COMPUTE_32F, cublas._GEMM_DEFAULT)
 
     def gemm_ex_timed():
-        lib.cublasSetPointerMode_v2(handle, 1)
+        lib.cublasGetPointerMode_v2(handle, ctypes.byref(mode))
+        lib.cublasSetPointerMode_v2(handle, cublas._POINTER_MODE_DEVICE)
         try:
             return us_per_call(gemm_ex)
         finally:
-            lib.cublasSetPointerMode_v2(handle, 0)
+            lib.cublasSetPointerMode_v2(handle, mode.value)
     print(f"{'cublasGemmEx alone':32s} {gemm_ex_timed():8.1f} us/call")
 
     def device_ctx():
@@ -135,7 +139,7 @@ def gemm_rows() -> dict:
             pass
     return {
         "torch.mm bf16": lambda: torch.mm(a, b),
-        "F.linear bf16 + bias": lambda: torch.nn.functional.linear(a, b.t(), bias.bfloat16()),
+        "F.linear bf16 + bias": lambda: torch.nn.functional.linear(a, b.t(), bias16),
         "cublas.scaled_mm": lambda: cublas.scaled_mm(a, b, alpha, torch.bfloat16),
         "emulated_mm with bias": lambda: emulated_mm(a, alpha, b, alpha, bias, torch.bfloat16),
         "  current_blas_handle": torch.cuda.current_blas_handle,

@@ -7,8 +7,8 @@ Before each timed piece the GPU gets a long sleep kernel, so a piece that return
 wait for it, and one that takes about the sleep synchronized. Triton's per-kernel compile caches
 are counted before and after, so a kernel compiled again on later steps shows. Then 20 steps run
 back to back (one synchronization at the end, as a training loop runs them), alternately with
-Triton's own launches and with the library's CachedLaunch, and a few single calls are timed for
-scale: their host cost per call, 200 in a row.
+Triton's own launches and with the library's CachedLaunch. Single calls' host costs:
+bench/tools/launch_cost.py.
 """
 from __future__ import annotations
 
@@ -90,7 +90,6 @@ def main() -> None:
         triton_launch.ENABLED = enabled
         print("CachedLaunch" if enabled else "Triton's fn[grid]", end=": ")
         back_to_back(step)
-    call_costs()
 
 
 def back_to_back(step, steps: int = 20) -> None:
@@ -103,24 +102,6 @@ def back_to_back(step, steps: int = 20) -> None:
     done = time.perf_counter()
     print(f"{steps} steps back to back: {1000 * (issued - t0) / steps:.2f} ms per step to issue, "
           f"{1000 * (done - t0) / steps:.2f} ms per step in all")
-
-
-def call_costs(calls: int = 200) -> None:
-    y = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    amax = torch.ones((), device="cuda")
-    pieces = {"torch.empty": lambda: torch.empty(10, device="cuda"), "torch add": lambda: y.add(1),
-              "triton_kernels.global_amax": lambda: triton_kernels.global_amax(y, False),
-              "triton_kernels.quantize, amax given": lambda: triton_kernels.quantize(y, amax=amax)}
-    for name, fn in pieces.items():
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        dt = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        print(f"| {name} | {1e6 * dt / calls:.1f} us host per call |")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,6 @@ amax_rht = triton_kernels.global_amax(x, True)
 for _ in range(2):  # the first round compiles
     triton_kernels.quantize(x, amax=amax)  # row-tile, codes
     triton_kernels.quantize(x, rht=True, amax=amax_rht)  # slice kernel, codes, contiguous rows
-    quantize_partial(x)  # row-tile, partial (includes an amax pass: vector_norm)
+    quantize_partial(x)  # row-tile, partial (includes an amax pass: a zero fill and _absmax_kernel)
     quantize_partial(x.t(), rht=True, stochastic=True)  # slice, transposed (includes the RHT amax pass)
 torch.cuda.synchronize()

@@ -11,11 +11,12 @@ restored after it.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import threading
 
 import torch
+
+from longlive_core.devices import made_current
 
 _OP_N, _OP_T = 0, 1
 _POINTER_MODE_DEVICE = 1
@@ -122,9 +123,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_dtype: 
     bb, op_b, ld_b = _operand(b)
     aa, op_a, ld_a = _operand(a)
     lib = _library()
-    # the handle, its stream and the call all on the operands' device (entering the context costs
-    # microseconds on every GEMM, so only where another device is current)
-    with contextlib.nullcontext() if a.device.index == torch.cuda.current_device() else torch.cuda.device(a.device):
+    with made_current(a):  # the handle, its stream and the call all on the operands' device
         handle = ctypes.c_void_p(torch.cuda.current_blas_handle())  # torch sets its stream and workspace
         pointer_mode, math_mode = ctypes.c_int(), ctypes.c_int()
         _checked(lib.cublasGetPointerMode_v2(handle, ctypes.byref(pointer_mode)), "cublasGetPointerMode")

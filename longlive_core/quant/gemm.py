@@ -8,7 +8,7 @@ import torch
 
 from longlive_core.quant import cublas
 from longlive_core.quant.hadamard import rht as apply_rht
-from longlive_core.quant.nvfp4 import BLOCK, Backend, check_input, default_backend, quantize_torch
+from longlive_core.quant.nvfp4 import BLOCK, Backend, check_input, default_backend, float32_scalar, quantize_torch
 
 
 def quantize_partial(x: torch.Tensor, tile: tuple[int, int] = (1, BLOCK), rht: bool = False,
@@ -43,13 +43,6 @@ def operand_amaxes(x: torch.Tensor, backend: Backend = None) -> tuple[torch.Tens
     return x.abs().amax().float(), apply_rht(x).float().abs().amax()
 
 
-def _as_scale(d: torch.Tensor | float, device: torch.device) -> torch.Tensor:
-    # a float32 scalar on the operands' device, the usual case, as is: as_tensor costs a dispatch
-    if isinstance(d, torch.Tensor) and d.dtype == torch.float32 and d.device == device:
-        return d
-    return torch.as_tensor(d, dtype=torch.float32, device=device)
-
-
 def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor,
                 bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """((a @ b) * (a_decode * b_decode) + bias).to(out_dtype), a (M, K) and b (K, N) partial operands;
@@ -58,7 +51,7 @@ def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_deco
     CUDA one cuBLAS GEMM applies the decode scales as its device-side alpha and adds the bias as
     beta * C before rounding, as a real NVFP4 GEMM does: the result equals the float32 product's up
     to accumulation order and a fused multiply-add."""
-    alpha = _as_scale(a_decode, a.device) * _as_scale(b_decode, a.device)
+    alpha = float32_scalar(a_decode, a.device) * float32_scalar(b_decode, a.device)
     if cublas.supported(a, b, out_dtype):  # scaled_mm's copy of c into its output is the cast to out_dtype
         c = None if bias is None else bias.expand(a.shape[0], b.shape[1])
         return cublas.scaled_mm(a, b, alpha, out_dtype, c)

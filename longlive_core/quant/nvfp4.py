@@ -83,6 +83,15 @@ def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float32, device=like.device)
 
 
+def float32_scalar(d: torch.Tensor | float, device: torch.device) -> torch.Tensor:
+    """``d`` (a number or a one-element tensor) as a 0-d float32 tensor on ``device``; returned as
+    it is where it already is one, since even a no-op conversion costs the host a dispatch and the
+    Triton path calls this per quantize and per GEMM."""
+    if isinstance(d, torch.Tensor) and d.dtype == torch.float32 and d.dim() == 0 and d.device == device:
+        return d
+    return torch.as_tensor(d, dtype=torch.float32, device=device).reshape(())
+
+
 def global_encode_scale(amax: torch.Tensor, scale_max: float = E4M3_MAX) -> torch.Tensor:
     """S_enc = scale_max * 6 / amax, 1 when amax or the quotient is 0, capped at FLT_MAX."""
     amax = amax.float()

@@ -3,9 +3,10 @@
     python -m longlive_core.quant.selfcheck [--part rows slices blocks gemm rht launch]   # raises on any mismatch
 
 Round-to-nearest results must be bit-identical (codes, scales, amax, the GEMM's partial operands);
-stochastic rounding must be reproducible from a generator and unbiased. Every launch also checks
-that the cached launch (:mod:`.triton_launch`) runs the kernel Triton itself would pick. The tests
-run the same checks on the CPU under Triton's interpreter, and on a GPU where there is one.
+stochastic rounding must be reproducible from a generator and unbiased. Run as a module (and in
+the GPU tests) every launch also checks that the cached launch (:mod:`.triton_launch`) runs the
+kernel Triton itself would pick. The tests run the same checks on the CPU under Triton's
+interpreter (where launches are Triton's own), and on a GPU where there is one.
 """
 from __future__ import annotations
 
@@ -168,10 +169,13 @@ def check_edge_inputs(device: str) -> None:
         for rht in (False, True):
             got = triton_kernels.quantize(tiny, rht=rht)
             assert same_bits(quantize_torch(tiny, rht=rht), got), ("subnormal", dtype, rht)
-    # a NaN anywhere makes the amaxes and the decode scale NaN on both paths (it is not skipped)
+    # a NaN anywhere makes the amaxes and the decode scale NaN on both paths (it is not skipped),
+    # also where it comes after a larger finite max (the amax passes skip atomics below the max)
     x = torch.randn(32, 64, device=device)
     x[5, 7] = float("nan")
-    for view in (x, x.t()):
+    late = torch.randn(512, 512, device=device)
+    late[0, :16], late[-1, -1] = 3e38, float("nan")
+    for view in (x, x.t(), late, late.t()):
         assert all(a.isnan() for a in triton_kernels.amaxes(view)), "amaxes skipped a NaN"
         assert triton_kernels.global_amax(view, False).isnan() and triton_kernels.global_amax(view, True).isnan()
         assert triton_kernels.quantize_partial(view)[1].isnan() and quantize_partial(view, backend="torch")[1].isnan()

@@ -28,6 +28,7 @@ import os
 
 import torch
 
+from longlive_core.devices import made_current
 from longlive_core.quant.hadamard import SIGNS
 from longlive_core.quant.nvfp4 import (
     BLOCK,
@@ -36,6 +37,7 @@ from longlive_core.quant.nvfp4 import (
     FOUR_OVER_SIX_E4M3_MAX,
     NVFP4Tensor,
     check_input,
+    float32_scalar,
     global_encode_scale,
 )
 from longlive_core.quant.triton_launch import CachedLaunch
@@ -375,12 +377,11 @@ if triton is not None:
     def _atomic_amax(word_ptr, amax):
         """max into one int32 word (zeroed by the caller) of amax's float32 bits: for non-negative
         floats the integer order is the float order, and a NaN (sign cleared by abs) is above +inf,
-        so the word ends as the float max of all programs' maxima, NaN if any is. This replaces a
-        partial per program and a torch reduction of them, which cost the host more than the
-        atomics cost the GPU. A program whose max is not above the word's value as it reads it
-        (from L2) skips its atomic: the word only grows, so the skip is exact, and most programs
-        skip (same-address atomics serialize: with one per program, the slice kernel's amax pass
-        at 8192 x 8192 took ~10 us longer)."""
+        so the word ends as the float max of all programs' maxima, NaN if any is: no partials for
+        a torch reduction to gather, which costs the host a dispatch per amax pass. A program whose
+        max is not above the word's value as it reads it (from L2) skips its atomic: the word only
+        grows, so the skip is exact, and it spares most programs the same-address atomics, which
+        serialize."""
         bits = amax.to(tl.int32, bitcast=True)
         seen = tl.load(word_ptr, cache_modifier=".cg")
         tl.atomic_max(word_ptr, bits, mask=bits > seen, sem="relaxed")
@@ -557,7 +558,7 @@ if triton is not None:
         _atomic_amax(word_ptr, _tile_max(acc))
 
     # launched through CachedLaunch: Triton's own fn[grid] costs tens of microseconds of host time
-    # per call, which bounds an eager NVFP4 linear step at Wan-5B shapes (triton_launch's docstring)
+    # per call, which bounded the eager NVFP4 linear step at 3072 -> 3072, 16K tokens (triton_launch)
     _quant_launcher = CachedLaunch(_quant_kernel)
     _slice_launcher = CachedLaunch(_slice_kernel)
     _block_launcher = CachedLaunch(_block_kernel)
@@ -631,8 +632,13 @@ def pick_kernel(x: torch.Tensor, tile, stochastic: bool, four_over_six, codes_on
 
 def global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
     """max |x| (after the RHT when asked), one pass over x, as a float32 scalar."""
+    with made_current(x):
+        return _global_amax(x, rht)
+
+
+def _global_amax(x: torch.Tensor, rht: bool) -> torch.Tensor:
     if rht:
-        return amaxes(x)[1]
+        return _amaxes(x)[1]
     if not x.is_contiguous():
         return torch.linalg.vector_norm(x, float("inf")).float()
     n = x.numel()
@@ -651,6 +657,11 @@ def _check(x: torch.Tensor, tile) -> None:
 
 def amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(max |x|, max |RHT(x)|) as float32 scalars from one pass over x (blocks along its last axis)."""
+    with made_current(x):
+        return _amaxes(x)
+
+
+def _amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check(x, (1, BLOCK))
     m, k = x.shape
     if m * k == 0:
@@ -692,19 +703,19 @@ def _device_seed(generator: torch.Generator | None, device: torch.device) -> tor
 
 
 def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, scales, part, dec):
+    # with x's device current (the callers make it so): Triton launches on the current device
     _check(x, tile)
     if four_over_six not in FOS_CODES:
         raise ValueError(f"four_over_six must be None, 'mse' or 'mae'; got {four_over_six!r}")
     m, k = x.shape
     scale_max = FOUR_OVER_SIX_E4M3_MAX if four_over_six else E4M3_MAX
-    if amax is not None and (amax.dtype != torch.float32 or amax.dim() != 0 or amax.device != x.device):
-        amax = amax.to(device=x.device, dtype=torch.float32).reshape(())  # a no-op .to still costs a dispatch
+    amax = None if amax is None else float32_scalar(amax, x.device)
     if m * k == 0:  # nothing to launch; the torch path's amax (0 unless given) and decode scale
         amax = torch.zeros((), dtype=torch.float32, device=x.device) if amax is None else amax
         if dec is not None:
             dec.copy_(1.0 / global_encode_scale(amax, scale_max))
         return amax, scale_max
-    amax = global_amax(x, rht) if amax is None else amax
+    amax = _global_amax(x, rht) if amax is None else amax
     dummy = amax
     seed = _device_seed(generator, x.device) if stochastic else dummy
     common = dict(SCALE6=scale_max * 6.0, RHT=rht, IS_BF16=x.dtype == torch.bfloat16, SR=stochastic,
@@ -736,7 +747,8 @@ def quantize(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=False, four
     m, k = x.shape
     codes = torch.empty((m, k // 2), dtype=torch.uint8, device=x.device)
     scales = torch.empty((m, k // BLOCK), dtype=torch.uint8, device=x.device)
-    amax, scale_max = _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, scales, None, None)
+    with made_current(x):
+        amax, scale_max = _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, scales, None, None)
     return NVFP4Tensor(codes=codes, scales=scales.view(torch.float8_e4m3fn), amax=amax.float(), shape=(m, k),
                        tile=tuple(tile), rht=rht, scale_max=scale_max)
 
@@ -747,5 +759,6 @@ def quantize_partial(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=Fal
     check_input(x, tile)
     part = torch.empty_like(x, dtype=torch.bfloat16)  # same strides as x: a transposed view stays one
     dec = torch.empty((), dtype=torch.float32, device=x.device)
-    _launch(x, tile, rht, stochastic, four_over_six, generator, amax, None, None, part, dec)
+    with made_current(x):
+        _launch(x, tile, rht, stochastic, four_over_six, generator, amax, None, None, part, dec)
     return part, dec

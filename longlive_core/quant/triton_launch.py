@@ -4,15 +4,18 @@
 CPU (bench/tools/launch_cost.py): Triton binds and specializes every argument, builds a string
 cache key, checks the kernel's globals and, with its default (empty) launch-hook chains, builds
 launch metadata and calls both hooks. The emulated NVFP4 linear launches about eight such kernels
-per training step, so at Wan-5B shapes an eager step is bound by this host time.
+per training step, so at its smallest Wan-5B shape (3072 -> 3072, 16K tokens) an eager step was
+bound by this host time (bench/RESULTS.md, session 6).
 
 :class:`CachedLaunch` keys compiled kernels by what Triton specializes on: per tensor its dtype and
 16-byte alignment, per integer whether it is 1, divisible by 16 and in int32 (or int64) range,
-the keyword arguments (constexprs and compile options) as given, and the current device. A miss
-compiles (or finds) the kernel through Triton's own ``fn.run``; a hit calls that CompiledKernel's
-launcher directly, with the arguments in the order Triton passes them (every parameter,
-constexprs included). While launch hooks or a stages-inspection hook are registered (profilers),
-every call goes through ``fn[grid]`` so they see what Triton gives them.
+the keyword arguments (constexprs and compile options) as given, the options Triton adds from its
+knobs (debug, instrumentation mode) and the current device. A miss compiles (or finds) the kernel
+through Triton's own ``fn.run``; a hit calls that CompiledKernel's launcher directly, with the
+arguments in the order Triton passes them (every parameter, constexprs included). Every call goes
+through ``fn[grid]`` instead while launch hooks, a stages-inspection hook or pre-run hooks are
+registered (profilers, so they see what Triton gives them) and while torch.compile traces (it
+knows Triton's launches, not this one).
 
 The key must never be coarser than Triton's: with ``VERIFY`` set (the GPU selfcheck sets it),
 every launch also asks Triton which kernel it would pick and raises if that is another object,
@@ -76,8 +79,11 @@ class CachedLaunch:
         self.fn = fn
         self.compiled = isinstance(fn, JITFunction)  # False under the interpreter: nothing to cache
         self.params = [p.name for p in fn.params] if self.compiled else []
+        # positional arguments are keyed by type only, so none may be a constexpr
+        self._positional_max = next((i for i, p in enumerate(fn.params) if p.is_constexpr), len(self.params)) \
+            if self.compiled else 0
         self._kernels: dict[tuple, tuple] = {}
-        self._knobs = knobs.runtime
+        self._knobs = knobs
         self._device = self._stream = None
 
     def __getitem__(self, grid):
@@ -85,10 +91,11 @@ class CachedLaunch:
             return self.fn[grid]
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
-    def _hooked(self) -> bool:
-        r = self._knobs
+    def _bypassed(self) -> bool:
+        r = self._knobs.runtime
         return (_active(r.launch_enter_hook) or _active(r.launch_exit_hook)
-                or getattr(r, "add_stages_inspection_hook", None) is not None)
+                or getattr(r, "add_stages_inspection_hook", None) is not None
+                or bool(getattr(self.fn, "pre_run_hooks", None)) or torch.compiler.is_compiling())
 
     def kernel_for(self, args: tuple, kwargs: dict):
         """(key, (CompiledKernel, trailing arguments)) for these arguments, compiling on a miss;
@@ -96,17 +103,22 @@ class CachedLaunch:
         if self._device is None:
             from triton.runtime import driver
             self._device, self._stream = driver.active.get_current_device, driver.active.get_current_stream
-        key = (self._device(), tuple(map(_token, args)), tuple(kwargs.items()))
+        knobs = self._knobs
+        key = (self._device(), tuple(map(_token, args)), tuple(kwargs.items()), knobs.runtime.debug,
+               getattr(knobs.compilation, "instrumentation_mode", None))
         entry = self._kernels.get(key)
         if entry is None:
+            trailing = self._trailing(len(args), kwargs)
             kernel = self.fn.run(*args, grid=None, warmup=True, **kwargs)
             if kernel is None:
                 return None
-            entry = self._kernels[key] = (_resolved(kernel), self._trailing(len(args), kwargs))
+            kernel = _resolved(kernel)
+            kernel._init_handles()  # loaded before it is shared: another thread may launch it next
+            entry = self._kernels[key] = (kernel, trailing)
         return key, entry
 
     def launch(self, grid: tuple, args: tuple, kwargs: dict):
-        found = None if not ENABLED or self._hooked() else self.kernel_for(args, kwargs)
+        found = None if not ENABLED or self._bypassed() else self.kernel_for(args, kwargs)
         if found is None:
             return self.fn[grid](*args, **kwargs)
         key, (kernel, trailing) = found
@@ -124,6 +136,9 @@ class CachedLaunch:
     def _trailing(self, n_positional: int, kwargs: dict) -> tuple:
         """The parameters after the positional ones, in the kernel's order (the launcher takes every
         parameter, constexprs included, and skips the constexprs itself)."""
+        if n_positional > self._positional_max:
+            raise TypeError(f"{repr(self.fn)}: CachedLaunch takes constexprs as keyword arguments; got "
+                            f"{self.params[self._positional_max]!r} positionally")
         missing = [p for p in self.params[n_positional:] if p not in kwargs]
         if missing:
             raise TypeError(f"{repr(self.fn)}: CachedLaunch needs parameters {missing} as keyword arguments")
