@@ -173,11 +173,13 @@ def check_edge_inputs(device: str) -> None:
     # also where it comes after a larger finite max (the amax passes skip atomics below the max)
     x = torch.randn(32, 64, device=device)
     x[5, 7] = float("nan")
-    late = torch.randn(512, 512, device=device)
+    n = 128 if triton_kernels.INTERPRETING else 512  # several programs of each amax pass (small tiles there)
+    late = torch.randn(n, n, device=device)
     late[0, :16], late[-1, -1] = 3e38, float("nan")
     for view in (x, x.t(), late, late.t()):
         assert all(a.isnan() for a in triton_kernels.amaxes(view)), "amaxes skipped a NaN"
         assert triton_kernels.global_amax(view, False).isnan() and triton_kernels.global_amax(view, True).isnan()
+    for view in (x, x.t()):
         assert triton_kernels.quantize_partial(view)[1].isnan() and quantize_partial(view, backend="torch")[1].isnan()
     for bad in (torch.zeros(2, 3, 32, device=device), torch.zeros(4, 24, device=device)):
         for fn in (triton_kernels.quantize, triton_kernels.quantize_partial):
