@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import inspect
 import pstats
 import time
 
 import torch
 from torch import nn
 
-from longlive_core.quant import NVFP4Linear, NVFP4Recipe, triton_launch
+from longlive_core.quant import NVFP4Linear, NVFP4Recipe
 from longlive_core.quant import triton_kernels as tk
 
 CALLS = 2000
@@ -56,10 +55,8 @@ def main() -> None:
     def jit_launch():
         tk._block_kernel[grid](*kernel_args, **constexprs, **options)
 
-    compiled = tk._block_kernel.run(*kernel_args, grid=grid, warmup=True, **constexprs, **options)
-    compiled = triton_launch._resolved(compiled)
-    bound = inspect.signature(tk._block_kernel.fn).bind(*kernel_args, **constexprs)
-    all_args = tuple(bound.arguments.values())
+    _, (compiled, trailing) = tk._block_launcher.kernel_for(kernel_args, {**constexprs, **options})
+    all_args = (*kernel_args, *trailing)  # every parameter in order, as Triton passes them
     runner = compiled[grid]
 
     def compiled_launch():

@@ -109,24 +109,25 @@ class CachedLaunch:
         entry = self._kernels.get(key)
         if entry is None:
             trailing = self._trailing(len(args), kwargs)
-            kernel = self.fn.run(*args, grid=None, warmup=True, **kwargs)
+            kernel = self.tritons_pick(args, kwargs)
             if kernel is None:
                 return None
-            kernel = _resolved(kernel)
             kernel._init_handles()  # loaded before it is shared: another thread may launch it next
             entry = self._kernels[key] = (kernel, trailing)
         return key, entry
+
+    def tritons_pick(self, args: tuple, kwargs: dict):
+        """The kernel Triton's own launch would run for these arguments (compiling it if need be)."""
+        return _resolved(self.fn.run(*args, grid=None, warmup=True, **kwargs))
 
     def launch(self, grid: tuple, args: tuple, kwargs: dict):
         found = None if not ENABLED or self._bypassed() else self.kernel_for(args, kwargs)
         if found is None:
             return self.fn[grid](*args, **kwargs)
         key, (kernel, trailing) = found
-        if VERIFY:
-            triton_kernel = _resolved(self.fn.run(*args, grid=None, warmup=True, **kwargs))
-            if triton_kernel is not kernel:
-                raise CachedLaunchMismatch(f"{repr(self.fn)}: the cached launch picked another kernel than "
-                                           f"Triton for key {key}: its key is coarser than Triton's specialization")
+        if VERIFY and self.tritons_pick(args, kwargs) is not kernel:
+            raise CachedLaunchMismatch(f"{repr(self.fn)}: the cached launch picked another kernel than "
+                                       f"Triton for key {key}: its key is coarser than Triton's specialization")
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         kernel.run(grid[0], g1, g2, self._stream(key[0]), kernel.function, kernel.packed_metadata, None, None, None,
