@@ -74,6 +74,9 @@ def main() -> None:
     rows = {
         "torch.empty": lambda: torch.empty(16, device="cuda"),
         "torch add": lambda: amax + 1,
+        "torch.zeros(2, int32)": lambda: torch.zeros(2, dtype=torch.int32, device="cuda"),
+        "torch.empty(2, int32).zero_()": lambda: torch.empty(2, dtype=torch.int32, device="cuda").zero_(),
+        "stochastic-rounding seed": lambda: tk._device_seed(None, x.device),
         "quantize(x, amax=amax)": lambda: tk.quantize(x, amax=amax),
         "fn[grid](...)": jit_launch,
         "CachedLaunch[grid](...)": cached_launch,
@@ -138,6 +141,7 @@ def gemm_rows() -> dict:
         "torch.mm bf16": lambda: torch.mm(a, b),
         "F.linear bf16 + bias": lambda: torch.nn.functional.linear(a, b.t(), bias16),
         "cublas.scaled_mm": lambda: cublas.scaled_mm(a, b, alpha, torch.bfloat16),
+        "cublas.scaled_mm_unchecked": lambda: cublas.scaled_mm_unchecked(a, b, alpha, torch.bfloat16),
         "emulated_mm with bias": lambda: emulated_mm(a, alpha, b, alpha, bias, torch.bfloat16),
         "  current_blas_handle": torch.cuda.current_blas_handle,
         "  with torch.cuda.device": device_ctx,

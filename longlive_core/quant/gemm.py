@@ -54,7 +54,7 @@ def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_deco
     alpha = float32_scalar(a_decode, a.device) * float32_scalar(b_decode, a.device)
     if cublas.supported(a, b, out_dtype):  # scaled_mm's copy of c into its output is the cast to out_dtype
         c = None if bias is None else bias.expand(a.shape[0], b.shape[1])
-        return cublas.scaled_mm(a, b, alpha, out_dtype, c)
+        return cublas.scaled_mm_unchecked(a, b, alpha, out_dtype, c)
     bias = None if bias is None else bias.to(out_dtype)
     # the CPU has no bf16 -> fp32 mm; there the operands go to float32, where they are exact too
     acc = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else torch.mm(a.float(), b.float())
