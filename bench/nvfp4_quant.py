@@ -79,8 +79,8 @@ def block_sweep(xs, uses=("codes", "codes_rht", "amaxes")) -> None:
     amax = {r: triton_kernels.global_amax(xs[0], r) for r in (False, True)}
     shapes = {"codes": ((1, 256, 8), (1, 512, 8), (1, 512, 4), (2, 256, 4), (2, 512, 8), (4, 128, 4)),
               # 4 blocks per thread (1x512x4, 2x512x8, 2x256x4): 22.7 SASS instructions per element
-              # against 24.0 at 2 (bench/tools/kernel_asm.py), 96 registers against 64; 4x256x4 (8
-              # blocks) 22.1 at 255 registers
+              # against 24.0 at 2 (bench/tools/kernel_asm.py), but 96 registers against 64, and no
+              # faster on the H200 (RESULTS, session 7); 4x256x4 (8 blocks, 255 registers) slower
               "codes_rht": ((1, 512, 8), (1, 512, 4), (2, 512, 8), (2, 256, 4), (4, 256, 4), (2, 256, 8),
                             (4, 128, 8)),
               "amaxes": ((4, 128, 4), (8, 128, 4), (4, 128, 8), (8, 64, 4), (2, 256, 4), (8, 128, 8), (16, 64, 8),
