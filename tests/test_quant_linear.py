@@ -205,3 +205,32 @@ def test_the_gpu_gemm_checks_hold_on_the_cpu_reference_path():
     # float32 path, so that a wrong tolerance or shape in them shows before a GPU run does
     from longlive_core.quant.selfcheck import check_scaled_gemm
     check_scaled_gemm("cpu")
+
+
+def test_decode_scales_multiplied_by_the_quantizer_equal_the_gemms_own_product():
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(32, 64, generator=g), torch.randn(16, 64, generator=g)
+    bp, bd = quantize_partial(b, (16, 16), backend="torch")
+    ap, ad = quantize_partial(a, backend="torch")
+    ap2, alpha = quantize_partial(a, backend="torch", times=bd)
+    assert torch.equal(ap2, ap) and torch.equal(alpha, ad * bd)
+    assert torch.equal(emulated_mm(ap, alpha, bp.t(), None), emulated_mm(ap, ad, bp.t(), bd))
+
+
+def test_the_linear_gives_the_same_bits_with_and_without_the_sqnr_probe():
+    # without a probe the quantizers multiply in the other operand's decode scale; with one the
+    # GEMM does, since the probe needs each operand's own: the two paths must agree bit for bit
+    g = torch.Generator().manual_seed(6)
+    lin = nn.Linear(64, 32)
+    x = torch.randn(30, 64, generator=g)
+    gy = torch.randn(30, 32, generator=g)
+    results = []
+    for probe in (None, {}):
+        layer = NVFP4Linear.from_linear(nn.Linear(64, 32), DET)
+        layer.load_state_dict(lin.state_dict())
+        layer.probe = probe
+        xi = x.clone().requires_grad_()
+        y = layer(xi)
+        y.backward(gy)
+        results.append((y, xi.grad, layer.weight.grad, layer.bias.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*results))

@@ -54,16 +54,16 @@ def cases():
     for rht in (False, True):
         yield (f"rows codes rht={rht}", tk._quant_kernel,
                {"x_ptr": "*bf16", "signs_ptr": f32, "amax_ptr": f32, "codes_ptr": u8, "scales_ptr": u8,
-                "part_ptr": "*bf16", "dec_ptr": f32, "seed_ptr": "*i32"},
+                "part_ptr": "*bf16", "dec_ptr": f32, "times_ptr": f32, "seed_ptr": "*i32"},
                dict(SCALE6=2688.0, BM=t["BM"], BK=t["BK"], TILE2D=False, RHT=rht, IS_BF16=True, SR=False, FOS=0,
-                    WRITE_CODES=True, WRITE_PARTIAL=False, WRITE_DEC=False, sxk=1),
+                    WRITE_CODES=True, WRITE_PARTIAL=False, WRITE_DEC=False, TIMES=False, sxk=1),
                t["num_warps"], t["BM"] * t["BK"])
     s = tk.SLICE_TILE
     yield ("slices partial transposed RHT SR", tk._slice_kernel,
            {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": u8, "scales_ptr": u8, "part_ptr": "*bf16",
-            "dec_ptr": f32, "max_ptr": f32, "plain_max_ptr": f32, "seed_ptr": "*i32"},
+            "dec_ptr": f32, "times_ptr": f32, "max_ptr": f32, "plain_max_ptr": f32, "seed_ptr": "*i32"},
            dict(SCALE6=2688.0, BM=s["BM"], G=s["G"], RHT=True, IS_BF16=True, SR=True, WRITE_CODES=False,
-                WRITE_PARTIAL=True, WRITE_DEC=True, AMAX_ONLY=False),
+                WRITE_PARTIAL=True, WRITE_DEC=True, TIMES=False, AMAX_ONLY=False),
            s["num_warps"], s["BM"] * s["G"] * 16)
 
 

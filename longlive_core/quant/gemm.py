@@ -14,19 +14,24 @@ from longlive_core.quant.nvfp4 import BLOCK, Backend, check_input, default_backe
 def quantize_partial(x: torch.Tensor, tile: tuple[int, int] = (1, BLOCK), rht: bool = False,
                      stochastic: bool = False, generator: torch.Generator | None = None,
                      four_over_six: str | None = None, backend: Backend = None,
-                     amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     amax: torch.Tensor | None = None,
+                     times: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4-quantizes ``x`` (2-D, blocks along its last axis) and returns (q * S_dec in bfloat16,
     1 / S_enc as a float32 scalar): the operand and the decode scale an emulated GEMM needs.
-    ``amax``: x's global amax (after the RHT when rht) if already known; saves a pass over x."""
+    ``amax``: x's global amax (after the RHT when rht) if already known; saves a pass over x.
+    ``times``: the other GEMM operand's decode scale (a float32 scalar on x's device); the second
+    result is then the product, the GEMM's alpha, as ``emulated_mm(..., b_decode=None)`` takes it
+    (the Triton kernel writes it, sparing the host a multiply per GEMM)."""
     backend = backend or default_backend(x)
     if backend == "triton":
         from longlive_core.quant import triton_kernels
-        return triton_kernels.quantize_partial(x, tile, rht, stochastic, four_over_six, generator, amax)
+        return triton_kernels.quantize_partial(x, tile, rht, stochastic, four_over_six, generator, amax, times)
     q = quantize_torch(x.contiguous(), tile, rht, stochastic, four_over_six, generator, amax)
     m, k = q.shape
     part = (q.values().view(m, k // BLOCK, BLOCK) * q.scales.float()[..., None]).view(m, k)
     s_enc = q.encode_scale
-    return part.to(torch.bfloat16), (torch.ones_like(s_enc) / s_enc).reshape(())
+    dec = (torch.ones_like(s_enc) / s_enc).reshape(())
+    return part.to(torch.bfloat16), dec if times is None else dec * float32_scalar(times, dec.device)
 
 
 def operand_amaxes(x: torch.Tensor, backend: Backend = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,15 +48,18 @@ def operand_amaxes(x: torch.Tensor, backend: Backend = None) -> tuple[torch.Tens
     return x.abs().amax().float(), apply_rht(x).float().abs().amax()
 
 
-def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor,
+def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor | None,
                 bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """((a @ b) * (a_decode * b_decode) + bias).to(out_dtype), a (M, K) and b (K, N) partial operands;
-    the product and the scaling in float32, in that order. The bias is first cast to out_dtype (as
+    the product and the scaling in float32, in that order. ``b_decode`` None: ``a_decode`` is the
+    product already (``quantize_partial(..., times=...)``). The bias is first cast to out_dtype (as
     autocast and Transformer Engine cast it to the activations' dtype), then added in float32. On
     CUDA one cuBLAS GEMM applies the decode scales as its device-side alpha and adds the bias as
     beta * C before rounding, as a real NVFP4 GEMM does: the result equals the float32 product's up
     to accumulation order and a fused multiply-add."""
-    alpha = float32_scalar(a_decode, a.device) * float32_scalar(b_decode, a.device)
+    alpha = float32_scalar(a_decode, a.device)
+    if b_decode is not None:
+        alpha = alpha * float32_scalar(b_decode, a.device)
     if cublas.supported(a, b, out_dtype):  # scaled_mm's copy of c into its output is the cast to out_dtype
         c = None if bias is None else bias.expand(a.shape[0], b.shape[1])
         return cublas.scaled_mm_unchecked(a, b, alpha, out_dtype, c)

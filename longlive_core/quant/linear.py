@@ -58,11 +58,14 @@ class _NVFP4LinearFn(torch.autograd.Function):
         fused = for_backward and recipe.wgrad_rht and recipe.four_over_six is None
         if fused:  # the wgrad operand's amax now, from the same read as the forward's
             x_amax, xt_amax = _amaxes_along_tokens(x2, recipe.backend)
-        xp, xd = quantize_partial(x2, (1, BLOCK), four_over_six=recipe.four_over_six, backend=recipe.backend,
-                                  amax=x_amax)
         wp, wd = quantize_partial(weight, recipe.weight_tile, four_over_six=recipe.four_over_six,
                                   backend=recipe.backend)
-        y = emulated_mm(xp, xd, wp.t(), wd, bias, x.dtype)
+        # the quantizer multiplies in the weight's decode scale (one host multiply fewer per GEMM),
+        # unless the probe needs the input's own
+        times = wd if probe is None else None
+        xp, xd = quantize_partial(x2, (1, BLOCK), four_over_six=recipe.four_over_six, backend=recipe.backend,
+                                  amax=x_amax, times=times)
+        y = emulated_mm(xp, xd, wp.t(), None if times is not None else wd, bias, x.dtype)
         if probe is not None:
             probe["weight"] = sqnr_db(weight, wp.float() * wd)
             probe["input"] = sqnr_db(x2, xp.float() * xd)
@@ -81,16 +84,18 @@ class _NVFP4LinearFn(torch.autograd.Function):
         if xt_amax is not None and ctx.needs_input_grad[1]:
             g_amax, gt_amax = _amaxes_along_tokens(g2, r.backend)
         if ctx.needs_input_grad[0]:
-            gp, gd = quantize_partial(g2, (1, BLOCK), stochastic=r.grad_stochastic, backend=r.backend, amax=g_amax)
-            grad_x = emulated_mm(gp, gd, wp, wd, out_dtype=gy.dtype).view(ctx.x_shape)
+            times = wd if ctx.probe is None else None
+            gp, gd = quantize_partial(g2, (1, BLOCK), stochastic=r.grad_stochastic, backend=r.backend, amax=g_amax,
+                                      times=times)
+            grad_x = emulated_mm(gp, gd, wp, None if times is not None else wd, out_dtype=gy.dtype).view(ctx.x_shape)
             if ctx.probe is not None:
                 ctx.probe["grad_output"] = sqnr_db(g2, gp.float() * gd)
         if ctx.needs_input_grad[1]:
             gt, gtd = quantize_partial(_pad_rows(g2).t(), (1, BLOCK), rht=r.wgrad_rht,
                                        stochastic=r.grad_stochastic, backend=r.backend, amax=gt_amax)
-            xt, xtd = quantize_partial(_pad_rows(x2).t(), (1, BLOCK), rht=r.wgrad_rht, backend=r.backend,
-                                       amax=xt_amax)
-            grad_w = emulated_mm(gt, gtd, xt.t(), xtd, out_dtype=ctx.weight_dtype)
+            xt, alpha = quantize_partial(_pad_rows(x2).t(), (1, BLOCK), rht=r.wgrad_rht, backend=r.backend,
+                                         amax=xt_amax, times=gtd)
+            grad_w = emulated_mm(gt, alpha, xt.t(), None, out_dtype=ctx.weight_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0, dtype=torch.float32)  # accumulates in float32 without a float32 copy of g
         return grad_x, grad_w, grad_b, None, None, None

@@ -220,11 +220,22 @@ if triton is not None:
         return tl.reshape(tl.broadcast_to(t[:, None, :], (BM // 16, 16, G)), (BM, G))
 
     @triton.jit
+    def _store_decode(dec_ptr, times_ptr, s_enc, TIMES: tl.constexpr):
+        """1 / S_enc into dec_ptr from program (0, 0); with TIMES, times the float32 at times_ptr
+        (another operand's decode scale: the product is a GEMM's alpha, and the host is spared a
+        torch multiply per GEMM). One rounding each, as the torch path's division and product."""
+        d = tl.math.div_rn(1.0, s_enc)
+        if TIMES:
+            d = d * tl.load(times_ptr)
+        tl.store(dec_ptr, d, mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0))
+
+    @triton.jit
     def _quant_kernel(x_ptr, sxm, sxk, M, K, signs_ptr, amax_ptr, codes_ptr, scales_ptr, part_ptr, spm, spk,
-                      dec_ptr, seed_ptr, SCALE6: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                      dec_ptr, times_ptr, seed_ptr, SCALE6: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                       TILE2D: tl.constexpr, RHT: tl.constexpr,
                       IS_BF16: tl.constexpr, SR: tl.constexpr, FOS: tl.constexpr,
-                      WRITE_CODES: tl.constexpr, WRITE_PARTIAL: tl.constexpr, WRITE_DEC: tl.constexpr):
+                      WRITE_CODES: tl.constexpr, WRITE_PARTIAL: tl.constexpr, WRITE_DEC: tl.constexpr,
+                      TIMES: tl.constexpr):
         """Row tiles: a thread holds whole 16-element blocks; every option (16x16 tiles, 4/6)."""
         G: tl.constexpr = BK // 16
         x, rm, rk, mask = _load_tile(x_ptr, sxm, sxk, M, K, signs_ptr, BM, BK, RHT, IS_BF16)
@@ -235,7 +246,7 @@ if triton is not None:
             bamax = tl.reshape(tl.broadcast_to(t[:, None, :], (BM // 16, 16, G)), (BM, G))
         s_enc = _encode_scale(amax_ptr, SCALE6)
         if WRITE_DEC:
-            tl.store(dec_ptr, tl.math.div_rn(1.0, s_enc), mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0))
+            _store_decode(dec_ptr, times_ptr, s_enc, TIMES)
         rq = tl.program_id(1).to(tl.int64) * (BK // 4) + tl.arange(0, BK // 4)
         offs = tl.reshape((rm[:, None] * (K // 4) + rq[None, :]).to(tl.int32), (BM, G, 4))
         seed = tl.load(seed_ptr) if SR else 0
@@ -426,10 +437,11 @@ if triton is not None:
 
     @triton.jit
     def _slice_kernel(x_ptr, sxm, sxk, M, K, amax_ptr, codes_ptr, scales_ptr, part_ptr, spm, spk, dec_ptr,
-                      max_ptr, plain_max_ptr, seed_ptr, SCALE6: tl.constexpr, BM: tl.constexpr, G: tl.constexpr,
-                      RHT: tl.constexpr,
+                      times_ptr, max_ptr, plain_max_ptr, seed_ptr, SCALE6: tl.constexpr, BM: tl.constexpr,
+                      G: tl.constexpr, RHT: tl.constexpr,
                       IS_BF16: tl.constexpr, SR: tl.constexpr, WRITE_CODES: tl.constexpr,
-                      WRITE_PARTIAL: tl.constexpr, WRITE_DEC: tl.constexpr, AMAX_ONLY: tl.constexpr):
+                      WRITE_PARTIAL: tl.constexpr, WRITE_DEC: tl.constexpr, TIMES: tl.constexpr,
+                      AMAX_ONLY: tl.constexpr):
         """1x16 blocks as 16 slices of a (BM rows x G blocks) tile: slice p holds element p of every
         block. Everything is then elementwise (no layout changes, the RHT included), and a strided
         view (a transposed tensor) is read and written along its contiguous axis. Tensors are
@@ -450,7 +462,7 @@ if triton is not None:
         if not AMAX_ONLY:
             s_enc = _encode_scale(amax_ptr, SCALE6)
             if WRITE_DEC:
-                tl.store(dec_ptr, tl.math.div_rn(1.0, s_enc), mask=(tl.program_id(0) == 0) & (tl.program_id(1) == 0))
+                _store_decode(dec_ptr, times_ptr, s_enc, TIMES)
             s_dec, enc = _block_scales(bamax, s_enc)
             if SR:
                 seed = tl.load(seed_ptr)
@@ -678,10 +690,10 @@ def _amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                       RHT=True, IS_BF16=is_bf16, AMAX_ONLY=True)
     else:
         _slice_launcher[grid](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0, 0, rht_max,
-                              rht_max, plain_max, rht_max, SCALE6=0.0, BM=SLICE_TILE["BM"], G=SLICE_TILE["G"],
-                              num_warps=SLICE_TILE["num_warps"], RHT=True, IS_BF16=is_bf16, SR=False,
-                              WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, AMAX_ONLY=True,
-                              enable_fp_fusion=False)
+                              rht_max, rht_max, plain_max, rht_max, SCALE6=0.0, BM=SLICE_TILE["BM"],
+                              G=SLICE_TILE["G"], num_warps=SLICE_TILE["num_warps"], RHT=True, IS_BF16=is_bf16,
+                              SR=False, WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, TIMES=False,
+                              AMAX_ONLY=True, enable_fp_fusion=False)
     rht, plain = maxes.view(torch.float32).unbind()
     return plain, rht
 
@@ -702,7 +714,7 @@ def _device_seed(generator: torch.Generator | None, device: torch.device) -> tor
     return seed
 
 
-def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, scales, part, dec):
+def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, scales, part, dec, times=None):
     # with x's device current (the callers make it so): Triton launches on the current device
     _check(x, tile)
     if four_over_six not in FOS_CODES:
@@ -713,18 +725,19 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
     if m * k == 0:  # nothing to launch; the torch path's amax (0 unless given) and decode scale
         amax = torch.zeros((), dtype=torch.float32, device=x.device) if amax is None else amax
         if dec is not None:
-            dec.copy_(1.0 / global_encode_scale(amax, scale_max))
+            dec.copy_(1.0 / global_encode_scale(amax, scale_max) * (1.0 if times is None else times))
         return amax, scale_max
     amax = _global_amax(x, rht) if amax is None else amax
     dummy = amax
     seed = _device_seed(generator, x.device) if stochastic else dummy
     common = dict(SCALE6=scale_max * 6.0, RHT=rht, IS_BF16=x.dtype == torch.bfloat16, SR=stochastic,
                   WRITE_CODES=codes is not None, WRITE_PARTIAL=part is not None, WRITE_DEC=dec is not None,
-                  enable_fp_fusion=False)
+                  TIMES=times is not None, enable_fp_fusion=False)
     args = (x, x.stride(0), x.stride(1), m, k)
     outs = (codes if codes is not None else dummy, scales if scales is not None else dummy,
             part if part is not None else dummy, part.stride(0) if part is not None else 0,
-            part.stride(1) if part is not None else 0, dec if dec is not None else dummy)
+            part.stride(1) if part is not None else 0, dec if dec is not None else dummy,
+            dummy if times is None else float32_scalar(times, x.device))
     kernel = pick_kernel(x, tile, stochastic, four_over_six, codes is not None and part is None)
     if kernel == "blocks":
         _block_launch(_block_tile("codes_rht" if rht else "codes", k), m, k, x, x.stride(0), m, k, amax,
@@ -735,7 +748,7 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
                                            G=SLICE_TILE["G"], num_warps=SLICE_TILE["num_warps"], AMAX_ONLY=False,
                                            **common)
     else:
-        _quant_launcher[_grid(m, k)](*args, _signs(x.device), amax, *outs[:5], outs[5], seed, BM=TILE["BM"],
+        _quant_launcher[_grid(m, k)](*args, _signs(x.device), amax, *outs, seed, BM=TILE["BM"],
                                      BK=TILE["BK"], num_warps=TILE["num_warps"], TILE2D=tile[0] == BLOCK,
                                      FOS=FOS_CODES[four_over_six], **common)
     return amax, scale_max
@@ -754,11 +767,13 @@ def quantize(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=False, four
 
 
 def quantize_partial(x: torch.Tensor, tile=(1, BLOCK), rht=False, stochastic=False, four_over_six=None,
-                     generator=None, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q * S_dec as bfloat16, in x's memory layout; 1 / S_enc as a float32 scalar)."""
+                     generator=None, amax: torch.Tensor | None = None,
+                     times: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q * S_dec as bfloat16, in x's memory layout; 1 / S_enc as a float32 scalar, times ``times``
+    where given)."""
     check_input(x, tile)
     part = torch.empty_like(x, dtype=torch.bfloat16)  # same strides as x: a transposed view stays one
     dec = torch.empty((), dtype=torch.float32, device=x.device)
     with made_current(x):
-        _launch(x, tile, rht, stochastic, four_over_six, generator, amax, None, None, part, dec)
+        _launch(x, tile, rht, stochastic, four_over_six, generator, amax, None, None, part, dec, times)
     return part, dec
