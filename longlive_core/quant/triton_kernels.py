@@ -725,7 +725,8 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
     if m * k == 0:  # nothing to launch; the torch path's amax (0 unless given) and decode scale
         amax = torch.zeros((), dtype=torch.float32, device=x.device) if amax is None else amax
         if dec is not None:
-            dec.copy_(1.0 / global_encode_scale(amax, scale_max) * (1.0 if times is None else times))
+            dec.copy_(1.0 / global_encode_scale(amax, scale_max)
+                      * (1.0 if times is None else float32_scalar(times, x.device)))
         return amax, scale_max
     amax = _global_amax(x, rht) if amax is None else amax
     dummy = amax
