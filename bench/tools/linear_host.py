@@ -66,18 +66,18 @@ def main() -> None:
     print("host ms per step (sleep ahead of each):", " ".join(f"{s:.2f}" for s in steps))
     ga, gta = operand_amaxes(g2.t())
     _, xta = operand_amaxes(x2.t())
-    gp, gd = quantize_partial(g2, stochastic=True, amax=ga)
     wp, wd = quantize_partial(layer.weight.detach(), (16, 16))
+    gp, alpha_d = quantize_partial(g2, stochastic=True, amax=ga, times=wd)  # as the layer: alpha from the kernel
     gt, gtd = quantize_partial(g2.t(), rht=True, stochastic=True, amax=gta)
-    xt, xtd = quantize_partial(x2.t(), rht=True)
+    xt, alpha_w = quantize_partial(x2.t(), rht=True, amax=xta, times=gtd)
     pieces = {
         "forward": lambda: layer(x),
         "amaxes of dY (slices)": lambda: operand_amaxes(g2.t()),
-        "dY row-wise SR": lambda: quantize_partial(g2, stochastic=True, amax=ga),
+        "dY row-wise SR": lambda: quantize_partial(g2, stochastic=True, amax=ga, times=wd),
         "dY^T RHT SR": lambda: quantize_partial(g2.t(), rht=True, stochastic=True, amax=gta),
-        "x^T RHT": lambda: quantize_partial(x2.t(), rht=True, amax=xta),
-        "dgrad GEMM": lambda: emulated_mm(gp, gd, wp, wd, out_dtype=torch.bfloat16),
-        "wgrad GEMM": lambda: emulated_mm(gt, gtd, xt.t(), xtd, out_dtype=torch.float32),
+        "x^T RHT": lambda: quantize_partial(x2.t(), rht=True, amax=xta, times=gtd),
+        "dgrad GEMM": lambda: emulated_mm(gp, alpha_d, wp, None, out_dtype=torch.bfloat16),
+        "wgrad GEMM": lambda: emulated_mm(gt, alpha_w, xt.t(), None, out_dtype=torch.float32),
         "bias grad": lambda: g2.sum(0, dtype=torch.float32),
         "forward + backward": lambda: layer(x).backward(gy),
     }

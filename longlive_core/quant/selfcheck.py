@@ -169,6 +169,9 @@ def check_edge_inputs(device: str) -> None:
     amax = torch.tensor(3.0)  # a given amax decides the decode scale even of an empty tensor
     assert torch.equal(triton_kernels.quantize_partial(empty, amax=amax)[1].cpu(),
                        quantize_partial(empty, backend="torch", amax=amax)[1].cpu())
+    times = torch.tensor(0.7, device=device)  # and the product with another operand's decode scale
+    assert torch.equal(triton_kernels.quantize_partial(empty, amax=amax, times=times)[1].cpu(),
+                       quantize_partial(empty, backend="torch", amax=amax, times=times)[1].cpu())
     # a tensor of subnormals only: its encode scale saturates at FLT_MAX on both paths
     for dtype in (torch.float32, torch.bfloat16):
         tiny = (torch.randn(32, 64, generator=torch.Generator().manual_seed(2)) * 1e-39).to(dtype).to(device)
