@@ -65,7 +65,7 @@ class _NVFP4LinearFn(torch.autograd.Function):
         times = wd if probe is None else None
         xp, xd = quantize_partial(x2, (1, BLOCK), four_over_six=recipe.four_over_six, backend=recipe.backend,
                                   amax=x_amax, times=times)
-        y = emulated_mm(xp, xd, wp.t(), None if times is not None else wd, bias, x.dtype)
+        y = emulated_mm(xp, xd, wp.t(), wd if times is None else None, bias, x.dtype)
         if probe is not None:
             probe["weight"] = sqnr_db(weight, wp.float() * wd)
             probe["input"] = sqnr_db(x2, xp.float() * xd)
@@ -87,7 +87,7 @@ class _NVFP4LinearFn(torch.autograd.Function):
             times = wd if ctx.probe is None else None
             gp, gd = quantize_partial(g2, (1, BLOCK), stochastic=r.grad_stochastic, backend=r.backend, amax=g_amax,
                                       times=times)
-            grad_x = emulated_mm(gp, gd, wp, None if times is not None else wd, out_dtype=gy.dtype).view(ctx.x_shape)
+            grad_x = emulated_mm(gp, gd, wp, wd if times is None else None, out_dtype=gy.dtype).view(ctx.x_shape)
             if ctx.probe is not None:
                 ctx.probe["grad_output"] = sqnr_db(g2, gp.float() * gd)
         if ctx.needs_input_grad[1]:

@@ -680,20 +680,19 @@ def _amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)
         return zero, zero.clone()
     rows = x.stride(1) == 1  # contiguous rows: whole blocks per thread; else slices along the other axis
-    tile = _block_tile("amaxes", k)
-    grid = (_cdiv(m, tile["BM"]), _cdiv(k // BLOCK, tile["G"])) if rows else _slice_grid(m, k)
     maxes = torch.zeros(2, dtype=torch.int32, device=x.device)  # float32 bits, for _atomic_amax
     rht_max, plain_max = maxes.unbind()
     is_bf16 = x.dtype == torch.bfloat16
     if rows:
-        _block_launch(tile, m, k, x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max, plain_max, SCALE6=0.0,
-                      RHT=True, IS_BF16=is_bf16, AMAX_ONLY=True)
+        _block_launch(_block_tile("amaxes", k), m, k, x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max,
+                      plain_max, SCALE6=0.0, RHT=True, IS_BF16=is_bf16, AMAX_ONLY=True)
     else:
-        _slice_launcher[grid](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0, 0, rht_max,
-                              rht_max, rht_max, plain_max, rht_max, SCALE6=0.0, BM=SLICE_TILE["BM"],
-                              G=SLICE_TILE["G"], num_warps=SLICE_TILE["num_warps"], RHT=True, IS_BF16=is_bf16,
-                              SR=False, WRITE_CODES=False, WRITE_PARTIAL=False, WRITE_DEC=False, TIMES=False,
-                              AMAX_ONLY=True, enable_fp_fusion=False)
+        _slice_launcher[_slice_grid(m, k)](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0,
+                                           0, rht_max, rht_max, rht_max, plain_max, rht_max, SCALE6=0.0,
+                                           BM=SLICE_TILE["BM"], G=SLICE_TILE["G"], num_warps=SLICE_TILE["num_warps"],
+                                           RHT=True, IS_BF16=is_bf16, SR=False, WRITE_CODES=False,
+                                           WRITE_PARTIAL=False, WRITE_DEC=False, TIMES=False, AMAX_ONLY=True,
+                                           enable_fp_fusion=False)
     rht, plain = maxes.view(torch.float32).unbind()
     return plain, rht
 
@@ -722,11 +721,11 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
     m, k = x.shape
     scale_max = FOUR_OVER_SIX_E4M3_MAX if four_over_six else E4M3_MAX
     amax = None if amax is None else float32_scalar(amax, x.device)
+    times = None if times is None else float32_scalar(times, x.device)
     if m * k == 0:  # nothing to launch; the torch path's amax (0 unless given) and decode scale
         amax = torch.zeros((), dtype=torch.float32, device=x.device) if amax is None else amax
         if dec is not None:
-            dec.copy_(1.0 / global_encode_scale(amax, scale_max)
-                      * (1.0 if times is None else float32_scalar(times, x.device)))
+            dec.copy_(1.0 / global_encode_scale(amax, scale_max) * (1.0 if times is None else times))
         return amax, scale_max
     amax = _global_amax(x, rht) if amax is None else amax
     dummy = amax
@@ -738,7 +737,7 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
     outs = (codes if codes is not None else dummy, scales if scales is not None else dummy,
             part if part is not None else dummy, part.stride(0) if part is not None else 0,
             part.stride(1) if part is not None else 0, dec if dec is not None else dummy,
-            dummy if times is None else float32_scalar(times, x.device))
+            dummy if times is None else times)
     kernel = pick_kernel(x, tile, stochastic, four_over_six, codes is not None and part is None)
     if kernel == "blocks":
         _block_launch(_block_tile("codes_rht" if rht else "codes", k), m, k, x, x.stride(0), m, k, amax,
