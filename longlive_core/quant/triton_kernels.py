@@ -86,6 +86,18 @@ if triton is not None:
         return v.to(tl.float32)
 
     @triton.jit
+    def _f32_pairs(v):
+        """_f32 of a tile whose last axis holds consecutive elements in one thread (the block
+        kernel's loads): on the GPU each 32-bit word of two bfloat16 widens with one instruction per
+        element (a shift for the low half, a mask for the high one), where the convert Triton emits
+        first moves the high half down (two for it)."""
+        if _HW_ROUND and v.dtype == tl.bfloat16:
+            w = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [v],
+                                          dtype=tl.int32, is_pure=True, pack=2)
+            return w.to(tl.float32, bitcast=True)
+        return _f32(v)
+
+    @triton.jit
     def _round_bf16(v):
         """float32 -> the nearest bfloat16 value (ties to even), still float32: the GPU's rounding
         convert, or integer arithmetic under the CPU interpreter (whose casts truncate)."""
@@ -353,13 +365,29 @@ if triton is not None:
         return v
 
     @triton.jit
+    def _bf16x2(a, b):
+        """a and b rounded to bfloat16 by one convert (GPU only), a in the high half of the word."""
+        return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [a, b],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+    @triton.jit
+    def _unpack_bf16x2(w):
+        """The two values of a _bf16x2 word as float32: (high half, low half)."""
+        return (w & -65536).to(tl.float32, bitcast=True), (w << 16).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _abs_max_bf16x2(v, w):
+        """Halfwise max |.| of two bfloat16x2 words, NaN where either half is (GPU only). The sign
+        bits of the result are those of the inputs xor'ed (PTX max.xorsign.abs): callers take |.|."""
+        return tl.inline_asm_elementwise("max.NaN.xorsign.abs.bf16x2 $0, $1, $2;", "=r,r,r", [v, w],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+    @triton.jit
     def _round_pair(a, b, IS_BF16: tl.constexpr):
-        """_round_input of two values; on the GPU one convert rounds both to bfloat16 (PTX
-        cvt.rn.bf16x2.f32 puts its first operand in the high half), an instruction fewer per pair."""
+        """_round_input of two values; on the GPU one convert rounds both to bfloat16, an instruction
+        fewer per pair."""
         if IS_BF16 and _HW_ROUND:
-            w = tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [a, b],
-                                          dtype=tl.int32, is_pure=True, pack=1)
-            return (w & -65536).to(tl.float32, bitcast=True), (w << 16).to(tl.float32, bitcast=True)
+            return _unpack_bf16x2(_bf16x2(a, b))
         return _round_input(a, IS_BF16), _round_input(b, IS_BF16)
 
     @triton.jit
@@ -399,13 +427,35 @@ if triton is not None:
 
     @triton.jit
     def _transform_and_amax(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, max_ptr,
-                            plain_max_ptr, RHT: tl.constexpr, IS_BF16: tl.constexpr, AMAX_ONLY: tl.constexpr):
+                            plain_max_ptr, RHT: tl.constexpr, IS_BF16: tl.constexpr, AMAX_ONLY: tl.constexpr,
+                            PACKED_AMAX: tl.constexpr):
         """The 16 slices after the RHT (when asked) and their block amax. AMAX_ONLY: folds this
         tile's plain and transformed maxima (the transformed one rounded once, see _rht16) into the
-        int32 words at plain_max_ptr and max_ptr instead (_atomic_amax)."""
+        int32 words at plain_max_ptr and max_ptr instead (_atomic_amax). PACKED_AMAX: the RHT'd
+        bfloat16 block amax by paired maxima (on the H200 the slice kernel gains from it, 0.126 ->
+        0.124 ms, and the block kernel loses, 0.063 -> 0.064: bench/RESULTS.md, session 8)."""
         if AMAX_ONLY:  # the plain amax too, from the same read (both operands of one tensor)
             plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
             _atomic_amax(plain_max_ptr, _tile_max(plain))
+        if RHT and PACKED_AMAX and IS_BF16 and _HW_ROUND and not AMAX_ONLY:
+            # the block amax from the rounded values while they are packed two to a word: half the maxima
+            x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
+                x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16, False)
+            w0, w1, w2, w3 = _bf16x2(x0, x1), _bf16x2(x2, x3), _bf16x2(x4, x5), _bf16x2(x6, x7)
+            w4, w5, w6, w7 = _bf16x2(x8, x9), _bf16x2(x10, x11), _bf16x2(x12, x13), _bf16x2(x14, x15)
+            m = _abs_max_bf16x2(_abs_max_bf16x2(_abs_max_bf16x2(w0, w1), _abs_max_bf16x2(w2, w3)),
+                                _abs_max_bf16x2(_abs_max_bf16x2(w4, w5), _abs_max_bf16x2(w6, w7)))
+            hi, lo = _unpack_bf16x2(m)
+            bamax = _nanmax(tl.abs(hi), tl.abs(lo))
+            x0, x1 = _unpack_bf16x2(w0)
+            x2, x3 = _unpack_bf16x2(w1)
+            x4, x5 = _unpack_bf16x2(w2)
+            x6, x7 = _unpack_bf16x2(w3)
+            x8, x9 = _unpack_bf16x2(w4)
+            x10, x11 = _unpack_bf16x2(w5)
+            x12, x13 = _unpack_bf16x2(w6)
+            x14, x15 = _unpack_bf16x2(w7)
+            return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax
         if RHT:
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _rht16(
                 x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, IS_BF16, not AMAX_ONLY)
@@ -458,7 +508,7 @@ if triton is not None:
         x14, x15 = _ld(xp, 14, sxk, mask), _ld(xp, 15, sxk, mask)
         x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax = _transform_and_amax(
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, max_ptr, plain_max_ptr, RHT,
-            IS_BF16, AMAX_ONLY)
+            IS_BF16, AMAX_ONLY, True)
         if not AMAX_ONLY:
             s_enc = _encode_scale(amax_ptr, SCALE6)
             if WRITE_DEC:
@@ -543,13 +593,13 @@ if triton is not None:
         rg = tl.program_id(1).to(tl.int64) * G + tl.arange(0, G)
         mask = (rm[:, None] < M) & (rg[None, :] < K // 16)
         base = x_ptr + rm[:, None, None] * sxm + rg[None, :, None] * 16 + tl.arange(0, 8)[None, None, :]
-        lo = _f32(tl.load(base, mask=mask[:, :, None], other=0.0))
-        hi = _f32(tl.load(base + 8, mask=mask[:, :, None], other=0.0))
+        lo = _f32_pairs(tl.load(base, mask=mask[:, :, None], other=0.0))
+        hi = _f32_pairs(tl.load(base + 8, mask=mask[:, :, None], other=0.0))
         x0, x1, x2, x3, x4, x5, x6, x7 = _split8(lo, BM, G)
         x8, x9, x10, x11, x12, x13, x14, x15 = _split8(hi, BM, G)
         x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax = _transform_and_amax(
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, max_ptr, plain_max_ptr, RHT,
-            IS_BF16, AMAX_ONLY)
+            IS_BF16, AMAX_ONLY, False)
         if not AMAX_ONLY:
             s_dec, enc = _block_scales(bamax, _encode_scale(amax_ptr, SCALE6))
             words = codes_ptr + rm[:, None] * (K // 8) + rg[None, :] * 2
