@@ -114,38 +114,27 @@ def gemm_rows() -> dict:
     bias16 = bias.bfloat16()
     alpha = torch.ones((), device="cuda")
     out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
-    lib = cublas._library()
-    handle = ctypes.c_void_p(torch.cuda.current_blas_handle())
-    mode = ctypes.c_int()
+    cublas.scaled_mm_unchecked(a, b, alpha, torch.bfloat16)  # makes the plan
+    (plan,) = cublas._local.plans.values()
+    lib, handle = cublas._library(), cublas._handle(a.device)
     beta = cublas._constant(a.device, 0.0)
+    stream = torch.cuda.current_stream().cuda_stream
+    workspace = torch.empty(max(plan.workspace, 1), dtype=torch.uint8, device="cuda")
 
-    def gemm_ex():  # the bare cuBLAS call, device pointer mode set around the timing loop by the caller
-        bf16 = cublas._DTYPES[torch.bfloat16]
-        lib.cublasGemmEx(handle, cublas._OP_N, cublas._OP_N, 256, 256, 3072, alpha.data_ptr(), b.data_ptr(), bf16,
-                         256, a.data_ptr(), bf16, 3072, beta.data_ptr(), out.data_ptr(), bf16, 256,
-                         cublas._COMPUTE_32F, cublas._GEMM_DEFAULT)
-
-    def gemm_ex_timed():
-        lib.cublasGetPointerMode_v2(handle, ctypes.byref(mode))
-        lib.cublasSetPointerMode_v2(handle, cublas._POINTER_MODE_DEVICE)
-        try:
-            return us_per_call(gemm_ex)
-        finally:
-            lib.cublasSetPointerMode_v2(handle, mode.value)
-    print(f"{'cublasGemmEx alone':32s} {gemm_ex_timed():8.1f} us/call")
-
-    def device_ctx():
-        with torch.cuda.device(a.device):
-            pass
+    def matmul():  # the bare cuBLASLt call on a cached plan
+        lib.cublasLtMatmul(handle, plan.desc, alpha.data_ptr(), b.data_ptr(), plan.layout_b, a.data_ptr(),
+                           plan.layout_a, beta.data_ptr(), out.data_ptr(), plan.layout_out, out.data_ptr(),
+                           plan.layout_out, ctypes.byref(plan.algo), workspace.data_ptr(), plan.workspace, stream)
     return {
+        "cublasLtMatmul alone (ctypes)": matmul,
         "torch.mm bf16": lambda: torch.mm(a, b),
         "F.linear bf16 + bias": lambda: torch.nn.functional.linear(a, b.t(), bias16),
         "cublas.scaled_mm": lambda: cublas.scaled_mm(a, b, alpha, torch.bfloat16),
         "cublas.scaled_mm_unchecked": lambda: cublas.scaled_mm_unchecked(a, b, alpha, torch.bfloat16),
+        "cublas.scaled_mm_unchecked + bias": lambda: cublas.scaled_mm_unchecked(a, b, alpha, torch.bfloat16, bias16),
         "emulated_mm with bias": lambda: emulated_mm(a, alpha, b, alpha, bias, torch.bfloat16),
-        "  current_blas_handle": torch.cuda.current_blas_handle,
-        "  with torch.cuda.device": device_ctx,
-        "  cublasGetPointerMode": lambda: lib.cublasGetPointerMode_v2(handle, ctypes.byref(mode)),
+        "  current_stream().cuda_stream": lambda: torch.cuda.current_stream(a.device).cuda_stream,
+        "  _cuda_getCurrentRawStream": lambda: torch._C._cuda_getCurrentRawStream(a.device.index),
         "  cublas.supported": lambda: cublas.supported(a, b, torch.bfloat16),
     }
 

@@ -16,7 +16,7 @@ Public API (the training, distillation and merge code call these):
   operands (attention, the W4A4 merge).
 
 On CUDA the quantization runs in Triton kernels (``backend="triton"``, bit-identical to the torch
-reference for round-to-nearest) and the GEMM is one cuBLAS call per product; elsewhere both run in
+reference for round-to-nearest) and the GEMM is one cuBLASLt call per product; elsewhere both run in
 eager PyTorch. Nothing in a layer's step waits for the GPU and the stochastic-rounding seed is
 drawn on the device, so a training step with converted layers can be captured in a CUDA graph.
 """

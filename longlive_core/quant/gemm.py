@@ -1,7 +1,7 @@
 """The emulated NVFP4 GEMM: E2M1 values times their E4M3 block scales (exact in bfloat16), a
 bfloat16 matmul accumulating in float32, then both tensors' global decode scales on the float32
 result. That equals a real NVFP4 GEMM up to accumulation order, and runs on any device (on CUDA as
-one cuBLAS call with the decode scales as its device-side alpha, see :mod:`.cublas`)."""
+one cuBLASLt call with the decode scales as its device-side alpha, see :mod:`.cublas`)."""
 from __future__ import annotations
 
 import torch
@@ -54,16 +54,15 @@ def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_deco
     the product and the scaling in float32, in that order. ``b_decode`` None: ``a_decode`` is the
     product already (``quantize_partial(..., times=...)``). The bias is first cast to out_dtype (as
     autocast and Transformer Engine cast it to the activations' dtype), then added in float32. On
-    CUDA one cuBLAS GEMM applies the decode scales as its device-side alpha and adds the bias as
-    beta * C before rounding, as a real NVFP4 GEMM does: the result equals the float32 product's up
-    to accumulation order and a fused multiply-add."""
+    CUDA one cuBLASLt GEMM applies the decode scales as its device-side alpha and adds the bias in
+    its epilogue before rounding, as a real NVFP4 GEMM does: the result equals the float32 product's
+    up to accumulation order and a fused multiply-add."""
     alpha = float32_scalar(a_decode, a.device)
     if b_decode is not None:
         alpha = alpha * float32_scalar(b_decode, a.device)
-    if cublas.supported(a, b, out_dtype):  # scaled_mm's copy of c into its output is the cast to out_dtype
-        c = None if bias is None else bias.expand(a.shape[0], b.shape[1])
-        return cublas.scaled_mm_unchecked(a, b, alpha, out_dtype, c)
     bias = None if bias is None else bias.to(out_dtype)
+    if cublas.supported(a, b, out_dtype):
+        return cublas.scaled_mm_unchecked(a, b, alpha, out_dtype, bias)
     # the CPU has no bf16 -> fp32 mm; there the operands go to float32, where they are exact too
     acc = torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else torch.mm(a.float(), b.float())
     out = acc * alpha

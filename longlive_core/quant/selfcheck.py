@@ -15,7 +15,7 @@ import argparse
 import torch
 from torch import nn
 
-from longlive_core.quant import triton_kernels, triton_launch
+from longlive_core.quant import cublas, triton_kernels, triton_launch
 from longlive_core.quant.gemm import emulated_mm, operand_amaxes, quantize_partial
 from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
 from longlive_core.quant.nvfp4 import quantize_torch, unpack_codes
@@ -264,6 +264,18 @@ def check_scaled_gemm(device: str = "cuda") -> None:
     for aa, bb in ((a[:1], b), (a, b[:, :1]), (wide, b)):
         got = emulated_mm(aa, 0.75, bb, 1.5, None, torch.bfloat16)
         assert gemm_error_ratio(got, aa, bb, torch.tensor(0.75 * 1.5, device=device), None) <= 1.0, aa.shape
+    # operands and a bias at addresses only 2-byte aligned: cuBLASLt plans per alignment
+    odd_a = torch.cat([a, a], 1)[:, 1:97]
+    odd_bias = torch.randn(161, device=device, generator=g).bfloat16()[1:]
+    got = emulated_mm(odd_a, da, b, db, odd_bias, torch.bfloat16)
+    assert odd_a.data_ptr() % 4 and odd_bias.data_ptr() % 4
+    assert gemm_error_ratio(got, odd_a, b, da * db, odd_bias) <= 1.0
+    for bad in (odd_bias.float(), odd_bias[:-1], odd_bias.cpu()):
+        try:
+            cublas.scaled_mm(a, b, da.float(), torch.bfloat16, bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"scaled_mm took a bad bias: {tuple(bad.shape)} {bad.dtype} {bad.device}")
     half = emulated_mm(a, a_dec, b, b_dec, None, torch.float16)
     assert half.dtype == torch.float16 and gemm_error_ratio(half, a, b, a_dec * b_dec, None) <= 1.0
     # torch's own GEMMs on the handle afterwards still take host scalars and reduce as before
