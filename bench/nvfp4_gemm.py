@@ -3,8 +3,8 @@
     python bench/nvfp4_gemm.py [--tokens 16384 65536]
 
 For the linear layer's three GEMMs at Wan2.2-5B shapes it times: BF16 ``F.linear`` (cuBLASLt,
-bias in its epilogue); ``emulated_mm``, one cuBLAS GEMM whose alpha (the two decode scales) is a
-device scalar, bias as beta * C; and the float32 round trip it replaced (a float32-output GEMM,
+bias in its epilogue); ``emulated_mm``, one cuBLASLt GEMM whose alpha (the two decode scales) is a
+device scalar, bias in its epilogue too; and the float32 round trip it replaced (a float32-output GEMM,
 then a scaling pass). It first checks the device-alpha GEMM against a float64 product of the same
 operands and against the float32 round trip (one output rounding plus float32 accumulation in
 another order apart, for every layout the layer uses).

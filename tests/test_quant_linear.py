@@ -41,6 +41,15 @@ def test_emulated_mm_casts_the_bias_to_the_output_dtype_first_as_autocast_does()
     assert not torch.equal(out, (acc + bias).to(torch.bfloat16))  # the case the cast decides
 
 
+def test_emulated_mm_takes_one_bias_value_per_output_column_only():
+    a, b = torch.zeros(16, 32, dtype=torch.bfloat16), torch.zeros(32, 8, dtype=torch.bfloat16)
+    one = torch.ones(())
+    for bias in (torch.zeros(()), torch.zeros(1, 8), torch.zeros(16, 8), torch.zeros(7)):
+        with pytest.raises(ValueError, match=r"\(8,\) vector"):  # the GPU epilogue would misread these
+            emulated_mm(a, one, b, one, bias, torch.bfloat16)
+    assert emulated_mm(a, one, b, one, torch.ones(8), torch.bfloat16).eq(1).all()
+
+
 def test_device_alpha_gemm_refuses_what_it_cannot_run():
     from longlive_core.quant import cublas
     a, b = torch.zeros(16, 32, dtype=torch.bfloat16), torch.zeros(32, 8, dtype=torch.bfloat16)

@@ -16,6 +16,7 @@ order it as they order any tensor.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import threading
 
@@ -37,8 +38,12 @@ _POINTER_MODE_DEVICE = 1
 _EPILOGUE_DEFAULT, _EPILOGUE_BIAS = 1, 4
 _PREF_MAX_WORKSPACE_BYTES, _PREF_REDUCTION_SCHEME_MASK = 1, 3
 _PREF_MIN_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
-_REDUCTION_INPLACE_OR_COMPUTE_TYPE = 1 | 2  # not CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE (4): partials in float32
-_MAX_WORKSPACE = 32 * 2**20
+# split-K partial sums in float32, as the reference adds: CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE only (the
+# INPLACE scheme reduces in the output buffer, so in bfloat16 for bfloat16 outputs); algorithms without
+# split-K (scheme NONE) pass any mask
+_REDUCTION_COMPUTE_TYPE = 2
+_MAX_WORKSPACE = 32 * 2**20  # fixed: torch's CUBLAS_WORKSPACE_CONFIG applies to its own handles only
+_MAX_PLANS = 256  # per thread; a least recently used plan is destroyed beyond it (token counts vary)
 
 
 class CublasError(RuntimeError):
@@ -82,7 +87,9 @@ def _library() -> ctypes.CDLL:
                 "cublasLtCreate": [pp],
                 "cublasLtMatmulDescCreate": [pp, i, i],
                 "cublasLtMatmulDescSetAttribute": [p, i, p, sz],
+                "cublasLtMatmulDescDestroy": [p],
                 "cublasLtMatrixLayoutCreate": [pp, i, u64, u64, i64],
+                "cublasLtMatrixLayoutDestroy": [p],
                 "cublasLtMatmulPreferenceCreate": [pp],
                 "cublasLtMatmulPreferenceSetAttribute": [p, i, p, sz],
                 "cublasLtMatmulPreferenceDestroy": [p],
@@ -161,38 +168,49 @@ class _Plan:
     out^T (n x m) = op(b^T) (n x k) @ op(a^T) (k x m))."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype, out_dtype: torch.dtype, m: int, n: int, k: int,
-                 op_a: int, ld_a: int, op_b: int, ld_b: int, has_bias: bool, aligns: tuple[int, int, int]):
+                 op_a: int, ld_a: int, op_b: int, ld_b: int, bias: torch.Tensor | None,
+                 aligns: tuple[int, int, int]):
+        self.desc, self.layouts = ctypes.c_void_p(), []
+        self.bias_ptr = ctypes.c_void_p()
+        try:
+            self._build(device, dtype, out_dtype, m, n, k, op_a, ld_a, op_b, ld_b, bias, aligns)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _build(self, device, dtype, out_dtype, m, n, k, op_a, ld_a, op_b, ld_b, bias, aligns) -> None:
         lib = _library()
-        desc = ctypes.c_void_p()
-        _checked(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _R_32F), "cublasLtMatmulDescCreate")
+        _checked(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _COMPUTE_32F, _R_32F),
+                 "cublasLtMatmulDescCreate")
         setter = lib.cublasLtMatmulDescSetAttribute
-        _set(setter, desc, _DESC_POINTER_MODE, ctypes.c_int32(_POINTER_MODE_DEVICE), "pointer mode")
-        _set(setter, desc, _DESC_TRANSA, ctypes.c_int32(op_b), "transa")
-        _set(setter, desc, _DESC_TRANSB, ctypes.c_int32(op_a), "transb")
-        _set(setter, desc, _DESC_EPILOGUE, ctypes.c_uint32(_EPILOGUE_BIAS if has_bias else _EPILOGUE_DEFAULT),
+        _set(setter, self.desc, _DESC_POINTER_MODE, ctypes.c_int32(_POINTER_MODE_DEVICE), "pointer mode")
+        _set(setter, self.desc, _DESC_TRANSA, ctypes.c_int32(op_b), "transa")
+        _set(setter, self.desc, _DESC_TRANSB, ctypes.c_int32(op_a), "transb")
+        _set(setter, self.desc, _DESC_EPILOGUE, ctypes.c_uint32(_EPILOGUE_DEFAULT if bias is None else _EPILOGUE_BIAS),
              "epilogue")
+        if bias is not None:  # the heuristic reads the bias pointer's alignment from the descriptor
+            self.set_bias(bias)
         dt, out_dt = _DTYPES[dtype], _DTYPES[out_dtype]
         shape_b = (n, k) if op_b == _OP_N else (k, n)
         shape_a = (k, m) if op_a == _OP_N else (m, k)
-        layouts = []
         for type_, (rows, cols), ld in ((dt, shape_b, ld_b), (dt, shape_a, ld_a), (out_dt, (n, m), n)):
             layout = ctypes.c_void_p()
             _checked(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), type_, rows, cols, ld),
                      "cublasLtMatrixLayoutCreate")
-            layouts.append(layout)
-        self.desc, (self.layout_b, self.layout_a, self.layout_out) = desc, layouts
+            self.layouts.append(layout)
+        self.layout_b, self.layout_a, self.layout_out = self.layouts
         pref = ctypes.c_void_p()
         _checked(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         try:
             psetter = lib.cublasLtMatmulPreferenceSetAttribute
             _set(psetter, pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(_MAX_WORKSPACE), "workspace")
-            _set(psetter, pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_INPLACE_OR_COMPUTE_TYPE),
+            _set(psetter, pref, _PREF_REDUCTION_SCHEME_MASK, ctypes.c_uint32(_REDUCTION_COMPUTE_TYPE),
                  "reduction scheme")
             align_a, align_b, align_out = aligns  # cuBLASLt's A is our b, its B our a, C and D the output
             for name, value in (("a", align_b), ("b", align_a), ("c", align_out), ("d", align_out)):
                 _set(psetter, pref, _PREF_MIN_ALIGNMENT[name], ctypes.c_uint32(value), "alignment")
             found, count = _Heuristic(), ctypes.c_int()
-            _checked(lib.cublasLtMatmulAlgoGetHeuristic(_handle(device), desc, self.layout_b, self.layout_a,
+            _checked(lib.cublasLtMatmulAlgoGetHeuristic(_handle(device), self.desc, self.layout_b, self.layout_a,
                                                         self.layout_out, self.layout_out, pref, 1,
                                                         ctypes.byref(found), ctypes.byref(count)),
                      "cublasLtMatmulAlgoGetHeuristic")
@@ -202,7 +220,25 @@ class _Plan:
             raise CublasError(f"cuBLASLt offers no algorithm for {m}x{k} @ {k}x{n} {dtype} -> {out_dtype} "
                               f"(ops {op_a}, {op_b}, leading dims {ld_a}, {ld_b}, alignments {aligns})")
         self.algo, self.workspace = found.algo, found.workspace_size
-        self.bias_ptr = ctypes.c_void_p()
+
+    def set_bias(self, bias: torch.Tensor) -> None:
+        self.bias_ptr.value = bias.data_ptr()
+        _set(_library().cublasLtMatmulDescSetAttribute, self.desc, _DESC_BIAS_POINTER, self.bias_ptr, "bias pointer")
+
+    def destroy(self) -> None:
+        lib = _library()
+        for layout in self.layouts:
+            lib.cublasLtMatrixLayoutDestroy(layout)
+        if self.desc:
+            lib.cublasLtMatmulDescDestroy(self.desc)
+        self.layouts, self.desc = [], ctypes.c_void_p()
+
+
+def _plans() -> collections.OrderedDict:
+    plans = getattr(_local, "plans", None)
+    if plans is None:
+        plans = _local.plans = collections.OrderedDict()
+    return plans
 
 
 def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
@@ -232,7 +268,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_dtype: 
 def scaled_mm_unchecked(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype,
                         bias: torch.Tensor | None = None) -> torch.Tensor:
     """scaled_mm for a caller that has checked ``supported(a, b, out_dtype)`` and made alpha a
-    float32 scalar on a's device and bias an (N,) vector of out_dtype itself (emulated_mm)."""
+    float32 scalar on a's device and bias an (N,) vector of out_dtype there itself (emulated_mm)."""
     m, k = a.shape
     n = b.shape[1]
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
@@ -241,20 +277,20 @@ def scaled_mm_unchecked(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, o
     if bias is not None:
         bias = bias.contiguous()
     aligns = (_alignment(aa.data_ptr()), _alignment(bb.data_ptr()), _alignment(out.data_ptr()))
-    key = (a.device.index, a.dtype, out_dtype, m, n, k, op_a, ld_a, op_b, ld_b, bias is not None,
-           aligns, None if bias is None else _alignment(bias.data_ptr()))
-    plans = getattr(_local, "plans", None)
-    if plans is None:
-        plans = _local.plans = {}
-    lib = _library()
+    key = (a.device.index, a.dtype, out_dtype, m, n, k, op_a, ld_a, op_b, ld_b, aligns,
+           None if bias is None else _alignment(bias.data_ptr()))
+    plans = _plans()
     with made_current(a):  # the handle, the stream and the call all on the operands' device
+        lib = _library()
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = _Plan(a.device, a.dtype, out_dtype, m, n, k, op_a, ld_a, op_b, ld_b, bias is not None,
-                                      aligns)
-        if bias is not None:
-            plan.bias_ptr.value = bias.data_ptr()
-            _set(lib.cublasLtMatmulDescSetAttribute, plan.desc, _DESC_BIAS_POINTER, plan.bias_ptr, "bias pointer")
+            plan = plans[key] = _Plan(a.device, a.dtype, out_dtype, m, n, k, op_a, ld_a, op_b, ld_b, bias, aligns)
+            while len(plans) > _MAX_PLANS:
+                plans.popitem(last=False)[1].destroy()
+        else:
+            plans.move_to_end(key)
+            if bias is not None:
+                plan.set_bias(bias)
         workspace = torch.empty(plan.workspace, dtype=torch.uint8, device=a.device) if plan.workspace else None
         beta = _constant(a.device, 0.0)
         _checked(lib.cublasLtMatmul(_handle(a.device), plan.desc, alpha.data_ptr(), bb.data_ptr(), plan.layout_b,

@@ -50,8 +50,8 @@ def operand_amaxes(x: torch.Tensor, backend: Backend = None) -> tuple[torch.Tens
 
 def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor | None,
                 bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """((a @ b) * (a_decode * b_decode) + bias).to(out_dtype), a (M, K) and b (K, N) partial operands;
-    the product and the scaling in float32, in that order. ``b_decode`` None: ``a_decode`` is the
+    """((a @ b) * (a_decode * b_decode) + bias).to(out_dtype), a (M, K) and b (K, N) partial operands,
+    bias an (N,) vector; the product and the scaling in float32, in that order. ``b_decode`` None: ``a_decode`` is the
     product already (``quantize_partial(..., times=...)``). The bias is first cast to out_dtype (as
     autocast and Transformer Engine cast it to the activations' dtype), then added in float32. On
     CUDA one cuBLASLt GEMM applies the decode scales as its device-side alpha and adds the bias in
@@ -60,7 +60,11 @@ def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_deco
     alpha = float32_scalar(a_decode, a.device)
     if b_decode is not None:
         alpha = alpha * float32_scalar(b_decode, a.device)
-    bias = None if bias is None else bias.to(out_dtype)
+    if bias is not None:
+        if bias.shape != (b.shape[-1],) or bias.device != a.device:
+            raise ValueError(f"emulated_mm's bias must be a ({b.shape[-1]},) vector on {a.device}, one value per "
+                             f"output column; got {tuple(bias.shape)} on {bias.device}")
+        bias = bias.to(out_dtype)
     if cublas.supported(a, b, out_dtype):
         return cublas.scaled_mm_unchecked(a, b, alpha, out_dtype, bias)
     # the CPU has no bf16 -> fp32 mm; there the operands go to float32, where they are exact too

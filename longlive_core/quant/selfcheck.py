@@ -276,6 +276,14 @@ def check_scaled_gemm(device: str = "cuda") -> None:
         except ValueError:
             continue
         raise AssertionError(f"scaled_mm took a bad bias: {tuple(bad.shape)} {bad.dtype} {bad.device}")
+    # past the plan cache's bound the least recently used plan is destroyed, and planned anew when needed
+    bound, cublas._MAX_PLANS = cublas._MAX_PLANS, 2
+    try:
+        for rows in (5, 6, 7, 5):  # shapes not planned before: each plans, 5 again after its eviction
+            got = emulated_mm(a[:rows], da, b, db, None, torch.bfloat16)
+            assert gemm_error_ratio(got, a[:rows], b, da * db, None) <= 1.0 and len(cublas._plans()) <= 2, rows
+    finally:
+        cublas._MAX_PLANS = bound
     half = emulated_mm(a, a_dec, b, b_dec, None, torch.float16)
     assert half.dtype == torch.float16 and gemm_error_ratio(half, a, b, a_dec * b_dec, None) <= 1.0
     # torch's own GEMMs on the handle afterwards still take host scalars and reduce as before
