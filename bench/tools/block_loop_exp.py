@@ -58,13 +58,13 @@ def main() -> None:
     for rht in (True, False):
         amax = tk.global_amax(xs[0], rht)
         ref = tk.quantize(xs[0], rht=rht, amax=amax)
-        t = graph_ms(lambda x: tk.quantize(x, rht=rht, amax=amax), xs)
+        t = graph_ms(lambda x, rht=rht, amax=amax: tk.quantize(x, rht=rht, amax=amax), xs)
         print(f"| {rht} | library | - | - | - | - | - | {t:.4f} | {nbytes / t / 1e9 / 4.19:.1%} | ref |")
         configs = [(1, 512, 8), (1, 256, 4), (1, 512, 4), (2, 256, 8)] if rht else [(1, 512, 4), (1, 512, 8)]
         for (bm, g, w), stages, per_sm in itertools.product(configs, (2, 3, 4), (1, 2, 4)):
             grid = (sms * per_sm,)
 
-            def run(x, bm=bm, g=g, w=w, stages=stages, grid=grid):
+            def run(x, bm=bm, g=g, w=w, stages=stages, grid=grid, rht=rht, amax=amax):
                 loop_kernel[grid](x, x.stride(0), n, n, amax, codes.view(torch.int32), scales, SCALE6=2688.0,
                                   BM=bm, G=g, RHT=rht, STAGES=stages, num_warps=w, enable_fp_fusion=False)
             try:

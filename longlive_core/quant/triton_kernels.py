@@ -432,8 +432,8 @@ if triton is not None:
         """The 16 slices after the RHT (when asked) and their block amax. AMAX_ONLY: folds this
         tile's plain and transformed maxima (the transformed one rounded once, see _rht16) into the
         int32 words at plain_max_ptr and max_ptr instead (_atomic_amax). PACKED_AMAX: the RHT'd
-        bfloat16 block amax by paired maxima (on the H200 the slice kernel gains from it, 0.126 ->
-        0.124 ms, and the block kernel loses, 0.063 -> 0.064: bench/RESULTS.md, session 8)."""
+        bfloat16 block amax by paired maxima (on the H200 the slice kernel gains ~1 us from it at
+        8192^2 and the block kernel loses 1-2 us: bench/RESULTS.md, session 8)."""
         if AMAX_ONLY:  # the plain amax too, from the same read (both operands of one tensor)
             plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
             _atomic_amax(plain_max_ptr, _tile_max(plain))
