@@ -210,7 +210,7 @@ def test_emulated_mm_takes_python_float_decode_scales():
 
 
 def test_the_gpu_gemm_checks_hold_on_the_cpu_reference_path():
-    # check_scaled_gemm runs against cuBLAS on a GPU; here it exercises the checks themselves on the
+    # check_scaled_gemm runs against cuBLASLt on a GPU; here it exercises the checks themselves on the
     # float32 path, so that a wrong tolerance or shape in them shows before a GPU run does
     from longlive_core.quant.selfcheck import check_scaled_gemm
     check_scaled_gemm("cpu")

@@ -238,7 +238,7 @@ def gemm_error_ratio(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha:
 
 
 def check_scaled_gemm(device: str = "cuda") -> None:
-    """The GEMM with the decode scales as a device-side alpha (cuBLAS on CUDA) against the float32
+    """The GEMM with the decode scales as a device-side alpha (cuBLASLt on CUDA) against the float32
     product scaled afterwards: every layout the linear layer uses, with and without bias, bfloat16
     and float32 outputs, a slice whose leading dimension exceeds its width."""
     g = torch.Generator(device=device).manual_seed(0)
