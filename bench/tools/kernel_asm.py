@@ -1,9 +1,10 @@
 """Compile the NVFP4 Triton kernels for sm_90 on any machine (no GPU needed) and count what costs:
 layout conversions (shared-memory round trips) in the TTGIR, PTX instructions per element, and the
 SASS instructions on the main path (up to the last EXIT, so not the IEEE division's slow path) per
-element, with the most frequent opcodes. The kernels that are issue-bound on the H200 (the RHT
-codes) track the SASS figure: session 4 measured 0.074 -> 0.072 ms for 902 -> 885, session 5
-0.0705 -> 0.0638 -> 0.062 ms for 885 -> 781 -> 768 (time falls a little less than the count).
+element, split by the pipe they run on, with the most frequent opcodes. The RHT codes kernel
+tracked the SASS figure in sessions 4-5 (0.074 -> 0.062 ms for 902 -> 768 instructions) but not in
+session 8, where 0.2-0.8 fewer per element moved it by -1.5 to +2 us: a count is a lead, the GPU
+decides (bench/RESULTS.md).
 
     .venv/bin/python bench/tools/kernel_asm.py [--out DIR]   # also writes the .ttgir/.ptx there
 
@@ -79,6 +80,13 @@ def sass_main_path(cubin: bytes) -> list[str]:
     return ins[:last_exit + 1]
 
 
+# the sm_90 pipes I take the opcodes to run on (my reading of the architecture, not a measurement): the
+# integer/compare pipe takes 2 cycles per warp instruction per SMSP, the FMA pipe 1 (bench/RESULTS.md, session 8)
+INT_PIPE = {"FMNMX", "FSETP", "LOP3", "SHF", "IADD3", "LEA", "ISETP", "SEL", "FSEL", "PRMT", "HMNMX2", "VIADD",
+            "F2FP", "FCHK", "IMNMX", "VIMNMX"}
+FMA_PIPE = {"FFMA", "FADD", "FMUL", "IMAD", "HFMA2", "HADD2", "HMUL2"}
+
+
 def opcode(instruction: str) -> str:
     words = instruction.split()
     return (words[1] if words[0].startswith("@") else words[0]).split(".")[0].rstrip(";")
@@ -88,17 +96,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     args = ap.parse_args()
-    print("| kernel | convert_layouts | PTX instructions | per element | SASS main path | per element | top opcodes |")
-    print("|---|---|---|---|---|---|---|")
+    print("| kernel | convert_layouts | PTX instructions | per element | SASS main path | per element | "
+          "integer/compare pipe per element | FMA pipe per element | top opcodes |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, fn, pointers, constexprs, warps, elements in cases():
         k = compile_kernel(fn, pointers, constexprs, warps)
         ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
         instructions = sum(1 for line in ptx.splitlines() if re.match(r"\s+[a-z]", line))
         per_element = instructions * warps * 32 / elements
         sass = sass_main_path(k.asm["cubin"])
-        top = ", ".join(f"{op} {n}" for op, n in collections.Counter(map(opcode, sass)).most_common(6))
+        counts = collections.Counter(map(opcode, sass))
+        top = ", ".join(f"{op} {n}" for op, n in counts.most_common(6))
+        per_sass = warps * 32 / elements
+        int_pipe = sum(n for op, n in counts.items() if op in INT_PIPE) * per_sass
+        fma_pipe = sum(n for op, n in counts.items() if op in FMA_PIPE) * per_sass
         print(f"| {name} | {ttgir.count('convert_layout')} | {instructions} | {per_element:.1f} | {len(sass)} | "
-              f"{len(sass) * warps * 32 / elements:.1f} | {top} |")
+              f"{len(sass) * per_sass:.1f} | {int_pipe:.1f} | {fma_pipe:.1f} | {top} |")
         if args.out:
             stem = Path(args.out) / re.sub(r"[^a-z0-9]+", "_", name.lower())
             stem.parent.mkdir(parents=True, exist_ok=True)
