@@ -114,8 +114,8 @@ def gemm_rows() -> dict:
     bias16 = bias.bfloat16()
     alpha = torch.ones((), device="cuda")
     out = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
-    cublas.scaled_mm_unchecked(a, b, alpha, torch.bfloat16)  # makes the plan
-    (plan,) = cublas._local.plans.values()
+    cublas.scaled_mm_unchecked(a, b, alpha, torch.bfloat16)  # makes (or refreshes) the plan: the most recent one
+    plan = next(reversed(cublas._plans().values()))
     lib, handle = cublas._library(), cublas._handle(a.device)
     beta = cublas._constant(a.device, 0.0)
     stream = torch.cuda.current_stream().cuda_stream

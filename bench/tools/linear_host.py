@@ -42,21 +42,28 @@ def host_ms(fn) -> float:
     return dt
 
 
-def main() -> None:
+def layer_step():
+    """(layer, x, dY, step) for the shape on the command line (--in, --out, --tokens): an NVFP4
+    linear on the GPU and one eager forward + backward of it, as the benches time it. The host
+    tools share it (linear_host_split.py)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--in", dest="k", type=int, default=3072)
     ap.add_argument("--out", dest="n", type=int, default=3072)
     ap.add_argument("--tokens", type=int, default=16384)
     args = ap.parse_args()
-    t, k, n = args.tokens, args.k, args.n
-    layer = NVFP4Linear.from_linear(nn.Linear(k, n, device="cuda"), NVFP4Recipe())
-    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    gy = torch.randn(t, n, device="cuda", dtype=torch.bfloat16)
-    g2, x2 = gy, x.detach()
+    layer = NVFP4Linear.from_linear(nn.Linear(args.k, args.n, device="cuda"), NVFP4Recipe())
+    x = torch.randn(args.tokens, args.k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    gy = torch.randn(args.tokens, args.n, device="cuda", dtype=torch.bfloat16)
 
     def step():
         x.grad = layer.weight.grad = layer.bias.grad = None
         layer(x).backward(gy)
+    return layer, x, gy, step
+
+
+def main() -> None:
+    layer, x, gy, step = layer_step()
+    g2, x2 = gy, x.detach()
 
     for _ in range(3):
         step()

@@ -7,15 +7,14 @@ and the table gives microseconds per step. For reading, not for RESULTS ratios.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import functools
 import time
 
 import torch
-from torch import nn
+from linear_host import layer_step  # this folder is the script's, so first on sys.path
 
-from longlive_core.quant import NVFP4Linear, NVFP4Recipe, cublas, gemm, linear, triton_kernels, triton_launch
+from longlive_core.quant import cublas, gemm, linear, triton_kernels, triton_launch
 
 SLEEP_CYCLES = 2_000_000_000  # ~1 s of GPU clock: longer than the steps take to issue
 STEPS = 20  # ~30 launches a step: well inside the device's launch queue
@@ -50,19 +49,8 @@ def instrument() -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--in", dest="k", type=int, default=3072)
-    ap.add_argument("--out", dest="n", type=int, default=3072)
-    ap.add_argument("--tokens", type=int, default=16384)
-    args = ap.parse_args()
-    layer = NVFP4Linear.from_linear(nn.Linear(args.k, args.n, device="cuda"), NVFP4Recipe())
-    x = torch.randn(args.tokens, args.k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    gy = torch.randn(args.tokens, args.n, device="cuda", dtype=torch.bfloat16)
-
-    def step():
-        x.grad = layer.weight.grad = layer.bias.grad = None
-        layer(x).backward(gy)
-
+    layer, x, _, step = layer_step()
+    k, n, tokens = layer.in_features, layer.out_features, x.shape[0]
     for _ in range(5):
         step()
     instrument()
@@ -77,7 +65,7 @@ def main() -> None:
         step()
     total = time.perf_counter() - t0
     torch.cuda.synchronize()
-    print(f"# {args.k} -> {args.n}, {args.tokens} tokens: {1e6 * total / STEPS:.0f} us of host time per step "
+    print(f"# {k} -> {n}, {tokens} tokens: {1e6 * total / STEPS:.0f} us of host time per step "
           f"(issued behind a GPU sleep; inclusive times, nested calls also count in their callers)")
     print("| function | calls/step | us/step | us/call |")
     print("|---|---|---|---|")

@@ -51,12 +51,12 @@ def operand_amaxes(x: torch.Tensor, backend: Backend = None) -> tuple[torch.Tens
 def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_decode: torch.Tensor | None,
                 bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """((a @ b) * (a_decode * b_decode) + bias).to(out_dtype), a (M, K) and b (K, N) partial operands,
-    bias an (N,) vector; the product and the scaling in float32, in that order. ``b_decode`` None: ``a_decode`` is the
-    product already (``quantize_partial(..., times=...)``). The bias is first cast to out_dtype (as
-    autocast and Transformer Engine cast it to the activations' dtype), then added in float32. On
-    CUDA one cuBLASLt GEMM applies the decode scales as its device-side alpha and adds the bias in
-    its epilogue before rounding, as a real NVFP4 GEMM does: the result equals the float32 product's
-    up to accumulation order and a fused multiply-add."""
+    bias an (N,) vector; the product and the scaling in float32, in that order. ``b_decode`` None:
+    ``a_decode`` is the product already (``quantize_partial(..., times=...)``). The bias is first cast
+    to out_dtype (as autocast and Transformer Engine cast it to the activations' dtype), then added
+    in float32. On CUDA one cuBLASLt GEMM applies the decode scales as its device-side alpha and adds
+    the bias in its epilogue before rounding, as a real NVFP4 GEMM does: the result equals the float32
+    product's up to accumulation order and a fused multiply-add."""
     alpha = float32_scalar(a_decode, a.device)
     if b_decode is not None:
         alpha = alpha * float32_scalar(b_decode, a.device)
