@@ -1,18 +1,23 @@
-"""A few NVFP4 quantize launches on an 8192x8192 bf16 tensor, for a profiler to read:
+"""The NVFP4 quantize launches of bench/nvfp4_quant.py's table on an 8192x8192 bf16 tensor, two
+rounds (the first compiles), for Nsight Compute to read on the lent H200, e.g. the RHT codes kernel
+with the amax given (the 6th block-kernel launch: round one's amaxes, codes and RHT codes first):
 
-    ncu --clock-control none -k regex:kernel --launch-skip 4 --launch-count 4 python3 bench/tools/quant_launches.py
+    ncu --clock-control none --set full -k regex:_block_kernel --launch-skip 5 --launch-count 1 \
+        python3 bench/tools/quant_launches.py
+
+Launch order per round: the block kernel's amax pass (both maxima), its plain codes and its RHT
+codes (amax given), then the transposed RHT partial (its amax pass, then the slice kernel).
 """
 import torch
 
 from longlive_core.quant import triton_kernels
 from longlive_core.quant.gemm import quantize_partial
 
+torch.manual_seed(0)
 x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-amax = triton_kernels.global_amax(x, False)
-amax_rht = triton_kernels.global_amax(x, True)
 for _ in range(2):  # the first round compiles
-    triton_kernels.quantize(x, amax=amax)  # row-tile, codes
-    triton_kernels.quantize(x, rht=True, amax=amax_rht)  # slice kernel, codes, contiguous rows
-    quantize_partial(x)  # row-tile, partial (includes an amax pass: a zero fill and _absmax_kernel)
-    quantize_partial(x.t(), rht=True, stochastic=True)  # slice, transposed (includes the RHT amax pass)
+    amax, amax_rht = triton_kernels.amaxes(x)  # block kernel, AMAX_ONLY
+    triton_kernels.quantize(x, amax=amax)  # block kernel, plain codes
+    triton_kernels.quantize(x, rht=True, amax=amax_rht)  # block kernel, RHT codes
+    quantize_partial(x.t(), rht=True, stochastic=True)  # slice kernel (its amax pass is a slice launch too)
 torch.cuda.synchronize()
