@@ -47,7 +47,7 @@ def cases():
         for amax_only in (False, True):
             b = tk.BLOCK_TILES["amaxes" if amax_only else "codes_rht" if rht else "codes"]
             yield (f"blocks rht={rht} amax_only={amax_only}", tk._block_kernel,
-                   {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": "*i32", "scales_ptr": u8,
+                   {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": "*i64", "scales_ptr": u8,
                     "max_ptr": "*i32" if amax_only else f32, "plain_max_ptr": "*i32" if amax_only else f32},
                    dict(SCALE6=2688.0, BM=b["BM"], G=b["G"], RHT=rht, IS_BF16=True, AMAX_ONLY=amax_only),
                    b["num_warps"], b["BM"] * b["G"] * 16)

@@ -182,10 +182,19 @@ if triton is not None:
         return tl.where(neg, -r, r), code + neg.to(tl.int32) * 8
 
     @triton.jit
+    def _rcp_rn(v):
+        """1 / v, correctly rounded (as div_rn(1.0, v), which IEEE 754 makes the same number): on the
+        GPU PTX's rcp.rn, a few instructions fewer than the division's sequence."""
+        if _HW_ROUND:
+            return tl.inline_asm_elementwise("rcp.rn.f32 $0, $1;", "=f,f", [v], dtype=tl.float32, is_pure=True,
+                                             pack=1)
+        return tl.math.div_rn(1.0, v)
+
+    @triton.jit
     def _block_scales(bamax, s_enc):
         """(S_dec as float32, the encode multiplier) for blocks with amax bamax."""
         s_dec = _round_e4m3(tl.minimum(bamax * (s_enc * (1.0 / 6.0)), 448.0))
-        return s_dec, tl.minimum(tl.math.div_rn(1.0, s_dec * tl.math.div_rn(1.0, s_enc)), _FLT_MAX)
+        return s_dec, tl.minimum(_rcp_rn(s_dec * _rcp_rn(s_enc)), _FLT_MAX)
 
     @triton.jit
     def _encode_scale(amax_ptr, SCALE6: tl.constexpr):
@@ -210,7 +219,7 @@ if triton is not None:
             s_dec, enc = _block_scales(bamax, s_enc)
         else:
             s_dec = _round_e4m3(tl.minimum(tl.math.div_rn(bamax, 6.0) * s_enc * mult, 448.0))
-            enc = tl.minimum(tl.math.div_rn(1.0, s_dec * tl.math.div_rn(1.0, s_enc)), _FLT_MAX)
+            enc = tl.minimum(_rcp_rn(s_dec * _rcp_rn(s_enc)), _FLT_MAX)
         if SR:
             u = _uniform16(seed, offs)
         else:
@@ -347,15 +356,11 @@ if triton is not None:
         x7, x15 = _bf(x7, x15)
         if not ROUND:
             return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
-        x0, x1 = _round_pair(x0, x1, IS_BF16)
-        x2, x3 = _round_pair(x2, x3, IS_BF16)
-        x4, x5 = _round_pair(x4, x5, IS_BF16)
-        x6, x7 = _round_pair(x6, x7, IS_BF16)
-        x8, x9 = _round_pair(x8, x9, IS_BF16)
-        x10, x11 = _round_pair(x10, x11, IS_BF16)
-        x12, x13 = _round_pair(x12, x13, IS_BF16)
-        x14, x15 = _round_pair(x14, x15, IS_BF16)
-        return x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15
+        return (_round_one(x0, IS_BF16), _round_one(x1, IS_BF16), _round_one(x2, IS_BF16), _round_one(x3, IS_BF16),
+                _round_one(x4, IS_BF16), _round_one(x5, IS_BF16), _round_one(x6, IS_BF16), _round_one(x7, IS_BF16),
+                _round_one(x8, IS_BF16), _round_one(x9, IS_BF16), _round_one(x10, IS_BF16),
+                _round_one(x11, IS_BF16), _round_one(x12, IS_BF16), _round_one(x13, IS_BF16),
+                _round_one(x14, IS_BF16), _round_one(x15, IS_BF16))
 
     @triton.jit
     def _round_input(v, IS_BF16: tl.constexpr):
@@ -383,12 +388,15 @@ if triton is not None:
                                          dtype=tl.int32, is_pure=True, pack=1)
 
     @triton.jit
-    def _round_pair(a, b, IS_BF16: tl.constexpr):
-        """_round_input of two values; on the GPU one convert rounds both to bfloat16, an instruction
-        fewer per pair."""
+    def _round_one(v, IS_BF16: tl.constexpr):
+        """_round_input; on the GPU for bfloat16 one convert with a zero partner, whose word is then
+        the rounded value as float32 (bfloat16 bits above sixteen zeros): one instruction per value,
+        where converting pairs and unpacking them took 1.5 (bench/RESULTS.md, session 9)."""
         if IS_BF16 and _HW_ROUND:
-            return _unpack_bf16x2(_bf16x2(a, b))
-        return _round_input(a, IS_BF16), _round_input(b, IS_BF16)
+            w = tl.inline_asm_elementwise("{ .reg .b32 z; mov.b32 z, 0; cvt.rn.bf16x2.f32 $0, $1, z; }", "=r,f",
+                                          [v], dtype=tl.int32, is_pure=True, pack=1)
+            return w.to(tl.float32, bitcast=True)
+        return _round_input(v, IS_BF16)
 
     @triton.jit
     def _ld(ptr, p, sxk, mask):
@@ -602,9 +610,11 @@ if triton is not None:
             IS_BF16, AMAX_ONLY, False)
         if not AMAX_ONLY:
             s_dec, enc = _block_scales(bamax, _encode_scale(amax_ptr, SCALE6))
-            words = codes_ptr + rm[:, None] * (K // 8) + rg[None, :] * 2
-            tl.store(words, _word(x0, x1, x2, x3, x4, x5, x6, x7, enc), mask=mask)
-            tl.store(words + 1, _word(x8, x9, x10, x11, x12, x13, x14, x15, enc), mask=mask)
+            # one 64-bit word per block: a warp's store then fills whole 32-byte sectors, where two
+            # 32-bit stores each wrote half of every sector (L2 write sectors 2.36M -> 1.77M at 8192^2)
+            lo_word = _word(x0, x1, x2, x3, x4, x5, x6, x7, enc).to(tl.int64) & 0xFFFFFFFF
+            hi_word = _word(x8, x9, x10, x11, x12, x13, x14, x15, enc).to(tl.int64) << 32
+            tl.store(codes_ptr + rm[:, None] * (K // 16) + rg[None, :], hi_word | lo_word, mask=mask)
             sbits = s_dec.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
             tl.store(scales_ptr + rm[:, None] * (K // 16) + rg[None, :], sbits, mask=mask)
 
@@ -632,9 +642,9 @@ _SIGNS: dict[torch.device, torch.Tensor] = {}
 TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
 AMAX_TILE = {"BLOCK_SIZE": 8192, "ITERS": 8, "num_warps": 16}  # bench/nvfp4_quant.py block_sweep
-# the block kernel's tile per use (bench/nvfp4_quant.py block_sweep): the amax and RHT passes gain from
-# several blocks per thread (more bytes in flight, paired bfloat16 conversions), plain codes do not
-BLOCK_TILES = {"codes": {"BM": 1, "G": 512, "num_warps": 4}, "codes_rht": {"BM": 1, "G": 512, "num_warps": 8},
+# the block kernel's tile per use (bench/nvfp4_quant.py block_sweep): 4 blocks per thread for the codes
+# (plain and RHT'd: 0.060 -> 0.059 ms at 8192^2 for the RHT, 2 -> 4 blocks, session 9), 1 for the amaxes
+BLOCK_TILES = {"codes": {"BM": 1, "G": 512, "num_warps": 4}, "codes_rht": {"BM": 1, "G": 512, "num_warps": 4},
                "amaxes": {"BM": 4, "G": 128, "num_warps": 4}}
 KERNELS = ("rows", "slices", "blocks")
 FORCE_KERNEL: str | None = None  # None: pick_kernel decides; the tests and benches force each in turn
@@ -791,7 +801,7 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
     kernel = pick_kernel(x, tile, stochastic, four_over_six, codes is not None and part is None)
     if kernel == "blocks":
         _block_launch(_block_tile("codes_rht" if rht else "codes", k), m, k, x, x.stride(0), m, k, amax,
-                      codes.view(torch.int32), scales, dummy, dummy, SCALE6=scale_max * 6.0, RHT=rht,
+                      codes.view(torch.int64), scales, dummy, dummy, SCALE6=scale_max * 6.0, RHT=rht,
                       IS_BF16=x.dtype == torch.bfloat16, AMAX_ONLY=False)
     elif kernel == "slices":
         _slice_launcher[_slice_grid(m, k)](*args, amax, *outs, dummy, dummy, seed, BM=SLICE_TILE["BM"],
