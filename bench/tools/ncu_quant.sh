@@ -14,4 +14,5 @@ ncu --clock-control none --set full --import-source no -k regex:_block_kernel --
 ncu -i "$out/blocks.ncu-rep" --page details > "$out/blocks_details.txt"
 ncu --clock-control none --section SourceCounters --section WarpStateStats -k regex:_block_kernel \
     --launch-skip 5 --launch-count 1 -f -o "$out/rht" python3 bench/tools/quant_launches.py >> "$out/ncu_run.log" 2>&1
+# the source page is a convenience (older ncu lacks it): its error, if any, lands in the csv
 ncu -i "$out/rht.ncu-rep" --page source --csv --print-source sass > "$out/rht_source.csv" 2>&1 || true
