@@ -1,7 +1,7 @@
 """The block kernel's three launches and the training path's transposed RHT partial on an 8192x8192
 bf16 tensor, two rounds (the first compiles), for Nsight Compute to read on the lent H200 (used by
-bench/tools/ncu_quant.sh), e.g. the RHT codes kernel
-with the amax given (the 6th block-kernel launch: round one's amaxes, codes and RHT codes first):
+bench/tools/ncu_quant.sh), e.g. the RHT codes kernel with the amax given (the 6th block-kernel
+launch: round one's amaxes, codes and RHT codes first):
 
     ncu --clock-control none --set full -k regex:_block_kernel --launch-skip 5 --launch-count 1 \
         python3 bench/tools/quant_launches.py
