@@ -83,8 +83,8 @@ def block_sweep(xs, uses=("codes", "codes_rht", "amaxes")) -> None:
               # faster on the H200 (RESULTS, session 7); 4x256x4 (8 blocks, 255 registers) slower. Since
               # session 9's kernel changes (64-bit code stores, one convert per rounded value, rcp.rn) the
               # RHT codes run fastest at 4 blocks per thread: 1x512x4 and 1x256x2 0.059 ms, 1x512x8 0.060
-              "codes_rht": ((1, 512, 8), (1, 512, 4), (1, 256, 2), (1, 1024, 8), (2, 512, 8), (2, 256, 4),
-                            (4, 256, 4), (2, 256, 8), (4, 128, 8)),
+              "codes_rht": ((1, 512, 8), (1, 512, 4), (1, 256, 2), (1, 128, 1), (1, 1024, 8), (2, 512, 8),
+                            (2, 256, 4), (4, 256, 4), (2, 256, 8), (4, 128, 8)),
               "amaxes": ((4, 128, 4), (8, 128, 4), (4, 128, 8), (8, 64, 4), (2, 256, 4), (8, 128, 8), (16, 64, 8),
                          (4, 256, 8))}
     calls = {"codes": lambda x: triton_kernels.quantize(x, amax=amax[False]),
