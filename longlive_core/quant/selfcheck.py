@@ -286,7 +286,7 @@ def check_scaled_gemm(device: str = "cuda") -> None:
         cublas._MAX_PLANS = bound
     half = emulated_mm(a, a_dec, b, b_dec, None, torch.float16)
     assert half.dtype == torch.float16 and gemm_error_ratio(half, a, b, a_dec * b_dec, None) <= 1.0
-    # torch's own GEMMs on the handle afterwards still take host scalars and reduce as before
+    # torch's own GEMMs afterwards are as before: the device-alpha GEMM changes no state of torch's handles
     c = torch.randn(200, 160, device=device)
     want = torch.addmm(c, a.float(), b.float(), alpha=2.0, beta=0.5)
     emulated_mm(a, da, b, db, None, torch.bfloat16)

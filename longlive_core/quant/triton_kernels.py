@@ -611,7 +611,8 @@ if triton is not None:
         if not AMAX_ONLY:
             s_dec, enc = _block_scales(bamax, _encode_scale(amax_ptr, SCALE6))
             # one 64-bit word per block: a warp's store then fills whole 32-byte sectors, where two
-            # 32-bit stores each wrote half of every sector (L2 write sectors 2.36M -> 1.77M at 8192^2)
+            # 32-bit stores each wrote half of every sector (L2 write sectors 2.21M -> 1.77M at 8192^2,
+            # bench/RESULTS.md session 9)
             lo_word = _word(x0, x1, x2, x3, x4, x5, x6, x7, enc).to(tl.int64) & 0xFFFFFFFF
             hi_word = _word(x8, x9, x10, x11, x12, x13, x14, x15, enc).to(tl.int64) << 32
             tl.store(codes_ptr + rm[:, None] * (K // 16) + rg[None, :], hi_word | lo_word, mask=mask)
