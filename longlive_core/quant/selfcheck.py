@@ -178,6 +178,18 @@ def check_edge_inputs(device: str) -> None:
         for rht in (False, True):
             got = triton_kernels.quantize(tiny, rht=rht)
             assert same_bits(quantize_torch(tiny, rht=rht), got), ("subnormal", dtype, rht)
+    # signed zeros: a negative x whose product x * enc underflows gets code 0, as -0.0 does (y < 0 is
+    # false for both); a huge amax makes enc tiny (the block kernel's path for small S_enc), a plain one
+    # leaves -0.0 inputs and the RHT's zeros to its other path
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.zeros(4, 32)
+        x[0, 0], x[0, 1], x[0, 2] = 2.0**126, 2.0**126, 2.0**-100  # after the RHT: -2^-102 beside 2^125
+        x[1, 0], x[1, 1:16] = 2.0**126, -(2.0**-100)
+        small = torch.zeros(4, 32)
+        small[0, 0], small[1, :16], small[2, 16:] = 1.0, -0.0, -torch.linspace(0, 1, 16)
+        for rht in (False, True):
+            for xd in (x.to(dtype).to(device), small.to(dtype).to(device)):
+                assert same_bits(quantize_torch(xd, rht=rht), triton_kernels.quantize(xd, rht=rht)), (dtype, rht)
     # a NaN anywhere makes the amaxes and the decode scale NaN on both paths (it is not skipped),
     # also where it comes after a larger finite max (the amax passes skip atomics below the max)
     x = torch.randn(32, 64, device=device)

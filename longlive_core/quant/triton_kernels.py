@@ -63,6 +63,21 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 if triton is not None:
     _FLT_MAX = tl.constexpr(FLT_MAX)
     _HW_ROUND = tl.constexpr(not INTERPRETING)
+    # S_enc from which no block's x * enc can underflow to zero: enc >= S_enc / 448 (slightly less
+    # after its two roundings), so 2^-6 keeps bfloat16 products (|x| >= 2^-133) at 2^-147.8 or more,
+    # 2^9 float32 ones (|x| >= 2^-149) at 2^-148.8 or more; both above 2^-149, the least nonzero float
+    _NO_UNDERFLOW_BF16 = tl.constexpr(2.0 ** -6)
+    _NO_UNDERFLOW_F32 = tl.constexpr(2.0 ** 9)
+
+    def _sign_asm(plus_zero: bool) -> str:
+        """_sign_bits' PTX: operands $1..$8 are y0..y7, y7's top bits shifted in first."""
+        take = "add.f32 t, ${}, 0f00000000;" if plus_zero else "mov.b32 t, ${};"
+        steps = [take.format(8) + " shr.b32 $0, t, 28;"]
+        steps += [take.format(i) + " shf.l.wrap.b32 $0, t, $0, 4;" for i in range(7, 0, -1)]
+        return "{ .reg .b32 t; " + " ".join(steps) + " }"
+
+    _SIGN_ASM = tl.constexpr(_sign_asm(False))
+    _SIGN_ASM_PLUS_ZERO = tl.constexpr(_sign_asm(True))
 
     @triton.jit
     def _round_e4m3(v):
@@ -86,16 +101,26 @@ if triton is not None:
         return v.to(tl.float32)
 
     @triton.jit
-    def _f32_pairs(v):
+    def _f32_pairs(v, m65536):
         """_f32 of a tile whose last axis holds consecutive elements in one thread (the block
         kernel's loads): on the GPU each 32-bit word of two bfloat16 widens with one instruction per
-        element (a shift for the low half, a mask for the high one), where the convert Triton emits
-        first moves the high half down (two for it)."""
+        element (a multiply by m65536 for the low half, a mask for the high one), where the convert
+        Triton emits first moves the high half down (two for it). m65536 is 65536 as a value the
+        compiler cannot see (_opaque), so the multiply stays an IMAD on the FMA pipe instead of
+        becoming a shift on the integer one, which the RHT codes kernel keeps the busier
+        (bench/RESULTS.md, session 10)."""
         if _HW_ROUND and v.dtype == tl.bfloat16:
-            w = tl.inline_asm_elementwise("{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r", [v],
-                                          dtype=tl.int32, is_pure=True, pack=2)
+            # pack=2: two bfloat16 in $2, and m65536 twice ($3, $4)
+            w = tl.inline_asm_elementwise("{ mul.lo.u32 $0, $2, $3; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r,r,r",
+                                          [v, m65536], dtype=tl.int32, is_pure=True, pack=2)
             return w.to(tl.float32, bitcast=True)
         return _f32(v)
+
+    @triton.jit
+    def _opaque(K, value: tl.constexpr):
+        """value, computed from the kernel argument K >= 0 (K >> 31 is 0): a multiplier the compiler
+        cannot turn into a shift (see _f32_pairs, _word)."""
+        return (K >> 31) + value
 
     @triton.jit
     def _round_bf16(v):
@@ -391,11 +416,13 @@ if triton is not None:
     def _round_one(v, IS_BF16: tl.constexpr):
         """_round_input; on the GPU for bfloat16 one convert with a zero partner, whose word is then
         the rounded value as float32 (bfloat16 bits above sixteen zeros): one instruction per value,
-        where converting pairs and unpacking them took 1.5 (bench/RESULTS.md, session 9)."""
+        where converting pairs and unpacking them took 1.5 (bench/RESULTS.md, session 9). The asm
+        hands back a float register: from an int32 bitcast, LLVM turned some later |v| into integer
+        masks (a LOP3 each) instead of modifiers on the instructions that use them (session 10)."""
         if IS_BF16 and _HW_ROUND:
-            w = tl.inline_asm_elementwise("{ .reg .b32 z; mov.b32 z, 0; cvt.rn.bf16x2.f32 $0, $1, z; }", "=r,f",
-                                          [v], dtype=tl.int32, is_pure=True, pack=1)
-            return w.to(tl.float32, bitcast=True)
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 z, w; mov.b32 z, 0; cvt.rn.bf16x2.f32 w, $1, z; mov.b32 $0, w; }", "=f,f", [v],
+                dtype=tl.float32, is_pure=True, pack=1)
         return _round_input(v, IS_BF16)
 
     @triton.jit
@@ -559,35 +586,67 @@ if triton is not None:
         return e0, e1, e2, e3, e4, e5, e6, e7
 
     @triton.jit
-    def _nibble_bits(x, enc):
-        """0x4B000000 plus the 4-bit code of x * enc, round to nearest even: the same codes as _e2m1,
-        in fewer (and fewer integer) instructions, for the block kernel, which needs no values.
-        With a = |x * enc|, the magnitude code is rne(min(2a, a + 2, a/2 + 4)), capped at 7: the three
-        pieces are E2M1's steps of 1/2, 1 and 2, and rounding commutes with min as it is monotonic.
-        Each piece is rounded by adding it to 2^23 (one rounding: the fused multiply-add is exact
-        before it), so the minimum is 2^23 + code and its low bits are the code. Agrees with e2m1_rne
-        on every float32 in [0, 8) (checked once); selfcheck.check_ties sweeps it densely."""
-        y = x * enc
+    def _magnitude_bits(y, BASE: tl.constexpr):
+        """BASE's float32 bits plus the 3-bit magnitude code of y, round to nearest even, for BASE in
+        [2^23, 2^24 - 8) with its low four bits clear: the same magnitudes as _e2m1, in fewer (and
+        fewer integer) instructions, for the block kernel, which needs no values. With a = |y|, the
+        code is rne(min(2a, a + 2, a/2 + 4)), capped at 7: the three pieces are E2M1's steps of 1/2,
+        1 and 2, and rounding commutes with min as it is monotonic. Each piece is rounded by adding
+        it to BASE, where floats are the integers (one rounding: the fused multiply-add is exact
+        before it), so the minimum is BASE + code. Agrees with e2m1_rne on every float32 in [0, 8)
+        (checked once); selfcheck.check_ties sweeps it densely."""
         a = tl.abs(y)
-        f = tl.minimum(tl.minimum(tl.fma(a, 2.0, 8388608.0), a + 8388610.0),
-                       tl.minimum(tl.fma(a, 0.5, 8388612.0), 8388615.0))
-        bits = f.to(tl.int32, bitcast=True)
-        return tl.where(y < 0, bits + 8, bits)  # y < 0: -0.0 keeps code 0, as in e2m1_rne
+        f = tl.minimum(tl.minimum(tl.fma(a, 2.0, BASE), a + (BASE + 2.0)),
+                       tl.minimum(tl.fma(a, 0.5, BASE + 4.0), BASE + 7.0))
+        return f.to(tl.int32, bitcast=True)
 
     @triton.jit
-    def _word(x0, x1, x2, x3, x4, x5, x6, x7, enc):
-        """Eight elements' codes as one little-endian int32 (element 2i in the low nibble of byte i),
-        by Horner's rule on the nibble bits; each carries 0x4B000000, which only the two lowest
-        nibbles' shifts keep: 0x4B000000 + 0xB0000000 = 0xFB000000, taken off modulo 2^32."""
-        w = _nibble_bits(x7, enc)
-        w = w * 16 + _nibble_bits(x6, enc)
-        w = w * 16 + _nibble_bits(x5, enc)
-        w = w * 16 + _nibble_bits(x4, enc)
-        w = w * 16 + _nibble_bits(x3, enc)
-        w = w * 16 + _nibble_bits(x2, enc)
-        w = w * 16 + _nibble_bits(x1, enc)
-        w = w * 16 + _nibble_bits(x0, enc)
-        return w + 0x05000000
+    def _sign_bits(y0, y1, y2, y3, y4, y5, y6, y7, PLUS_ZERO: tl.constexpr):
+        """A word whose bit 3 of nibble i is y_i's sign bit (the caller masks the other bits): a funnel
+        shift moves each one's top four bits in, one instruction per element, where a compare and a
+        select took two. The sign bit is e2m1_rne's sign (y < 0) wherever y is not -0.0; PLUS_ZERO
+        adds +0.0 first, which turns -0.0 into +0.0 and leaves every other value as it is. In PTX on
+        the GPU, where LLVM would split the first two shifts into three instructions."""
+        if _HW_ROUND:
+            return tl.inline_asm_elementwise(_SIGN_ASM_PLUS_ZERO if PLUS_ZERO else _SIGN_ASM, "=r,f,f,f,f,f,f,f,f",
+                                             [y0, y1, y2, y3, y4, y5, y6, y7], dtype=tl.int32, is_pure=True, pack=1)
+        s = _top4(y7, PLUS_ZERO)
+        s = (s << 4) | _top4(y6, PLUS_ZERO)
+        s = (s << 4) | _top4(y5, PLUS_ZERO)
+        s = (s << 4) | _top4(y4, PLUS_ZERO)
+        s = (s << 4) | _top4(y3, PLUS_ZERO)
+        s = (s << 4) | _top4(y2, PLUS_ZERO)
+        s = (s << 4) | _top4(y1, PLUS_ZERO)
+        s = (s << 4) | _top4(y0, PLUS_ZERO)
+        return s.to(tl.int32, bitcast=True)
+
+    @triton.jit
+    def _top4(y, PLUS_ZERO: tl.constexpr):
+        """The top four bits of y (+ 0.0) as the low nibble (see _sign_bits)."""
+        if PLUS_ZERO:
+            y = y + 0.0
+        return y.to(tl.uint32, bitcast=True) >> 28
+
+    @triton.jit
+    def _word(x0, x1, x2, x3, x4, x5, x6, x7, enc, sixteen, PLUS_ZERO: tl.constexpr):
+        """Eight elements' codes as one little-endian int32 (element 2i in the low nibble of byte i).
+        y = x * enc + 0.0 in one rounding: -0.0 only where a negative product underflows, as a
+        -0.0 input gives +0.0 (see _block_kernel for when PLUS_ZERO must clear it). The magnitudes go
+        in by Horner's rule on _magnitude_bits, multiplying by sixteen (16 from _opaque: IMADs on the
+        FMA pipe, where shifts would take the busier integer pipe). Of the bases, only the two
+        lowest nibbles' survive the shifts, and they were chosen to cancel: 0x4B000000 +
+        (0x4B500000 << 4) = 2^32. The sign bits are merged in with their mask by one instruction."""
+        y0, y1, y2, y3 = tl.fma(x0, enc, 0.0), tl.fma(x1, enc, 0.0), tl.fma(x2, enc, 0.0), tl.fma(x3, enc, 0.0)
+        y4, y5, y6, y7 = tl.fma(x4, enc, 0.0), tl.fma(x5, enc, 0.0), tl.fma(x6, enc, 0.0), tl.fma(x7, enc, 0.0)
+        w = _magnitude_bits(y7, 8388608.0)
+        w = w * sixteen + _magnitude_bits(y6, 8388608.0)
+        w = w * sixteen + _magnitude_bits(y5, 8388608.0)
+        w = w * sixteen + _magnitude_bits(y4, 8388608.0)
+        w = w * sixteen + _magnitude_bits(y3, 8388608.0)
+        w = w * sixteen + _magnitude_bits(y2, 8388608.0)
+        w = w * sixteen + _magnitude_bits(y1, 13631488.0)  # 0x4B500000
+        w = w * sixteen + _magnitude_bits(y0, 8388608.0)  # 0x4B000000
+        return w | (_sign_bits(y0, y1, y2, y3, y4, y5, y6, y7, PLUS_ZERO) & -2004318072)  # 0x88888888
 
     @triton.jit
     def _block_kernel(x_ptr, sxm, M, K, amax_ptr, codes_ptr, scales_ptr, max_ptr, plain_max_ptr,
@@ -601,20 +660,31 @@ if triton is not None:
         rg = tl.program_id(1).to(tl.int64) * G + tl.arange(0, G)
         mask = (rm[:, None] < M) & (rg[None, :] < K // 16)
         base = x_ptr + rm[:, None, None] * sxm + rg[None, :, None] * 16 + tl.arange(0, 8)[None, None, :]
-        lo = _f32_pairs(tl.load(base, mask=mask[:, :, None], other=0.0))
-        hi = _f32_pairs(tl.load(base + 8, mask=mask[:, :, None], other=0.0))
+        lo = _f32_pairs(tl.load(base, mask=mask[:, :, None], other=0.0), _opaque(K, 65536))
+        hi = _f32_pairs(tl.load(base + 8, mask=mask[:, :, None], other=0.0), _opaque(K, 65536))
         x0, x1, x2, x3, x4, x5, x6, x7 = _split8(lo, BM, G)
         x8, x9, x10, x11, x12, x13, x14, x15 = _split8(hi, BM, G)
         x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax = _transform_and_amax(
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, max_ptr, plain_max_ptr, RHT,
             IS_BF16, AMAX_ONLY, False)
         if not AMAX_ONLY:
-            s_dec, enc = _block_scales(bamax, _encode_scale(amax_ptr, SCALE6))
+            s_enc = _encode_scale(amax_ptr, SCALE6)
+            s_dec, enc = _block_scales(bamax, s_enc)
+            # y = x * enc + 0.0 in one rounding is -0.0 only where the product underflows, which an
+            # S_enc of at least _NO_UNDERFLOW rules out for every block: then the sign bits need no
+            # addition of their own (_sign_bits)
+            sixteen = _opaque(K, 16)
+            if s_enc >= (_NO_UNDERFLOW_BF16 if IS_BF16 else _NO_UNDERFLOW_F32):
+                lo_word = _word(x0, x1, x2, x3, x4, x5, x6, x7, enc, sixteen, False)
+                hi_word = _word(x8, x9, x10, x11, x12, x13, x14, x15, enc, sixteen, False)
+            else:
+                lo_word = _word(x0, x1, x2, x3, x4, x5, x6, x7, enc, sixteen, True)
+                hi_word = _word(x8, x9, x10, x11, x12, x13, x14, x15, enc, sixteen, True)
             # one 64-bit word per block: a warp's store then fills whole 32-byte sectors, where two
             # 32-bit stores each wrote half of every sector (L2 write sectors 2.21M -> 1.77M at 8192^2,
             # bench/RESULTS.md session 9)
-            lo_word = _word(x0, x1, x2, x3, x4, x5, x6, x7, enc).to(tl.int64) & 0xFFFFFFFF
-            hi_word = _word(x8, x9, x10, x11, x12, x13, x14, x15, enc).to(tl.int64) << 32
+            lo_word = lo_word.to(tl.int64) & 0xFFFFFFFF
+            hi_word = hi_word.to(tl.int64) << 32
             tl.store(codes_ptr + rm[:, None] * (K // 16) + rg[None, :], hi_word | lo_word, mask=mask)
             sbits = s_dec.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
             tl.store(scales_ptr + rm[:, None] * (K // 16) + rg[None, :], sbits, mask=mask)
