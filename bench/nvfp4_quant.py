@@ -74,7 +74,7 @@ def slice_sweep(xs) -> None:
                 ("transposed RHT SR", lambda x: quantize_partial(x.t(), rht=True, stochastic=True))], xs)
 
 
-def block_sweep(xs, uses=("codes", "codes_rht", "amaxes")) -> None:
+def block_sweep(xs, uses=("codes", "codes_rht", "codes_16x16", "amaxes")) -> None:
     """The register-block kernel's tile for each of its uses, then the plain amax pass's tiles."""
     amax = {r: triton_kernels.global_amax(xs[0], r) for r in (False, True)}
     shapes = {"codes": ((1, 256, 8), (1, 512, 8), (1, 512, 4), (2, 256, 4), (2, 512, 8), (4, 128, 4)),
@@ -85,10 +85,12 @@ def block_sweep(xs, uses=("codes", "codes_rht", "amaxes")) -> None:
               # RHT codes run fastest at 4 blocks per thread: 1x512x4 and 1x256x2 0.059 ms, 1x512x8 0.060
               "codes_rht": ((1, 512, 8), (1, 512, 4), (1, 256, 2), (1, 128, 1), (1, 1024, 8), (2, 512, 8),
                             (2, 256, 4), (4, 256, 4), (2, 256, 8), (4, 128, 8)),
+              "codes_16x16": ((16, 32, 4), (16, 16, 2), (16, 64, 8), (32, 16, 4), (32, 32, 8), (64, 8, 4)),
               "amaxes": ((4, 128, 4), (8, 128, 4), (4, 128, 8), (8, 64, 4), (2, 256, 4), (8, 128, 8), (16, 64, 8),
                          (4, 256, 8))}
     calls = {"codes": lambda x: triton_kernels.quantize(x, amax=amax[False]),
              "codes_rht": lambda x: triton_kernels.quantize(x, rht=True, amax=amax[True]),
+             "codes_16x16": lambda x: triton_kernels.quantize(x, tile=(16, 16), amax=amax[False]),
              "amaxes": lambda x: triton_kernels.amaxes(x)}
     for use in (u for u in uses if u in shapes):
         tile_sweep(f"block {use}", triton_kernels.BLOCK_TILES[use],
@@ -150,7 +152,7 @@ def main() -> None:
     ap.add_argument("--best-out")
     ap.add_argument("--quick", action="store_true", help="the bit check and the bandwidth table only")
     ap.add_argument("--block-sweep", nargs="*", help="with --quick: the block kernel's tiles too, for these uses "
-                    "(codes codes_rht amaxes plain; none named: all)")
+                    "(codes codes_rht codes_16x16 amaxes plain; none named: all)")
     args = ap.parse_args()
     n = args.size
     torch.manual_seed(0)
@@ -160,7 +162,7 @@ def main() -> None:
         sweep(xs)
         slice_sweep(xs)
     if not args.quick or args.block_sweep is not None:
-        block_sweep(xs, args.block_sweep or ("codes", "codes_rht", "amaxes", "plain"))
+        block_sweep(xs, args.block_sweep or ("codes", "codes_rht", "codes_16x16", "amaxes", "plain"))
     if args.best_out:
         with open(args.best_out, "w") as f:
             json.dump({"TILE": triton_kernels.TILE, "SLICE_TILE": triton_kernels.SLICE_TILE,

@@ -60,3 +60,21 @@ def test_block_tile_narrows_to_the_row_and_keeps_its_blocks_per_program():
             got = triton_kernels._block_tile(use, k)
             assert got["BM"] * got["G"] == tile["BM"] * tile["G"] and got["num_warps"] == tile["num_warps"]
             assert got["G"] == tile["G"] or got["G"] // 2 < k // 16 <= got["G"], (use, k, got)
+
+
+def test_16x16_codes_of_contiguous_rows_go_to_the_block_kernel_and_the_rest_to_row_tiles():
+    from longlive_core.quant import triton_kernels
+    x = torch.zeros(32, 64)
+    assert triton_kernels.pick_kernel(x, (16, 16), False, None, True) == "blocks"
+    assert triton_kernels.pick_kernel(x.t(), (16, 16), False, None, True) == "rows"  # strided rows
+    assert triton_kernels.pick_kernel(x, (16, 16), False, None, False) == "rows"  # the partial output
+    assert triton_kernels.pick_kernel(x, (16, 16), False, "mse", True) == "rows"
+    assert triton_kernels.pick_kernel(x, (16, 16), True, None, True) == "rows"
+    for k in (16, 160, 3072, 65536):  # a program's rows never split a 16-row group
+        assert triton_kernels._block_tile("codes_16x16", k)["BM"] % 16 == 0
+    for forced, want in (("rows", "rows"), ("slices", "rows"), ("blocks", "blocks")):
+        triton_kernels.FORCE_KERNEL = forced
+        try:
+            assert triton_kernels.pick_kernel(x, (16, 16), False, None, True) == want, forced
+        finally:
+            triton_kernels.FORCE_KERNEL = None

@@ -1,7 +1,10 @@
 """Compile the NVFP4 Triton kernels for sm_90 on any machine (no GPU needed) and count what costs:
 layout conversions (shared-memory round trips) in the TTGIR, PTX instructions per element, and the
 SASS instructions on the main path (up to the last EXIT, so not the IEEE division's slow path) per
-element, split by the pipe they run on, with the most frequent opcodes. The RHT codes kernel
+element, split by the pipe they run on, with the most frequent opcodes. The block kernel's codes
+take one of two branches on S_enc (session 10: a +0.0 per element where products could underflow);
+the main path counts both, so it overstates the branch the benches take (RHT codes: 21.8 printed,
+19.9 on that branch). The RHT codes kernel
 tracked the SASS figure in sessions 4-5 (0.074 -> 0.062 ms for 902 -> 768 instructions) but not in
 session 8, where 0.2-0.8 fewer per element moved it by -1.5 to +2 us: a count is a lead, the GPU
 decides (bench/RESULTS.md).
@@ -49,8 +52,15 @@ def cases():
             yield (f"blocks rht={rht} amax_only={amax_only}", tk._block_kernel,
                    {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": "*i64", "scales_ptr": u8,
                     "max_ptr": "*i32" if amax_only else f32, "plain_max_ptr": "*i32" if amax_only else f32},
-                   dict(SCALE6=2688.0, BM=b["BM"], G=b["G"], RHT=rht, IS_BF16=True, AMAX_ONLY=amax_only),
+                   dict(SCALE6=2688.0, BM=b["BM"], G=b["G"], RHT=rht, IS_BF16=True, AMAX_ONLY=amax_only,
+                        TILE2D=False),
                    b["num_warps"], b["BM"] * b["G"] * 16)
+    b = tk.BLOCK_TILES["codes_16x16"]
+    yield ("blocks 16x16 rht=False", tk._block_kernel,
+           {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": "*i64", "scales_ptr": u8, "max_ptr": f32,
+            "plain_max_ptr": f32},
+           dict(SCALE6=2688.0, BM=b["BM"], G=b["G"], RHT=False, IS_BF16=True, AMAX_ONLY=False, TILE2D=True),
+           b["num_warps"], b["BM"] * b["G"] * 16)
     t = tk.TILE
     for rht in (False, True):
         yield (f"rows codes rht={rht}", tk._quant_kernel,

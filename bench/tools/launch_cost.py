@@ -49,7 +49,8 @@ def main() -> None:
     tile = tk._block_tile("codes", k)
     grid = (tk._cdiv(m, tile["BM"]), tk._cdiv(k // tk.BLOCK, tile["G"]), 1)
     kernel_args = (x, x.stride(0), m, k, amax, codes.view(torch.int64), scales, amax, amax)
-    constexprs = dict(SCALE6=448.0 * 6, BM=tile["BM"], G=tile["G"], RHT=False, IS_BF16=True, AMAX_ONLY=False)
+    constexprs = dict(SCALE6=448.0 * 6, BM=tile["BM"], G=tile["G"], RHT=False, IS_BF16=True, AMAX_ONLY=False,
+                      TILE2D=False)
     options = dict(num_warps=tile["num_warps"], enable_fp_fusion=False)
 
     def jit_launch():

@@ -6,8 +6,9 @@ other axis without a copy); ``pick_kernel`` chooses. They write the packed codes
 what the emulated NVFP4 GEMM multiplies (``quantize_partial``):
 - rows: tiles of BM rows x BK columns; every option (16x16 tiles, Four-Over-Six, SR, partial).
 - slices: 1x16 blocks of strided views as 16 elementwise slices (the wgrad operands, RHT and SR).
-- blocks: codes and scales of contiguous rows, round to nearest: each thread holds whole blocks,
-  so the RHT, block amax and nibble packing stay in registers; also the one-pass amaxes.
+- blocks: codes and scales of contiguous rows, round to nearest (1x16 or 16x16 tiles): each thread
+  holds whole blocks, so the RHT, block amax and nibble packing stay in registers; also the
+  one-pass amaxes.
 The global amax comes from one reduction pass (with the RHT applied in registers when asked), so
 x is read twice unless the caller passes the amax.
 
@@ -649,13 +650,21 @@ if triton is not None:
         return w | (_sign_bits(y0, y1, y2, y3, y4, y5, y6, y7, PLUS_ZERO) & -2004318072)  # 0x88888888
 
     @triton.jit
+    def _rows16_max(v, BM: tl.constexpr, G: tl.constexpr):
+        """The max of each 16 consecutive rows of a (BM, G) tile, NaN if any is, on all 16 rows."""
+        m = tl.reduce(tl.reshape(v, (BM // 16, 16, G)), 1, _nanmax)
+        return tl.reshape(tl.broadcast_to(m[:, None, :], (BM // 16, 16, G)), (BM, G))
+
+    @triton.jit
     def _block_kernel(x_ptr, sxm, M, K, amax_ptr, codes_ptr, scales_ptr, max_ptr, plain_max_ptr,
                       SCALE6: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, RHT: tl.constexpr,
-                      IS_BF16: tl.constexpr, AMAX_ONLY: tl.constexpr):
+                      IS_BF16: tl.constexpr, AMAX_ONLY: tl.constexpr, TILE2D: tl.constexpr):
         """Contiguous rows, 1x16 blocks, round to nearest, codes and scales (or only the amaxes):
         each thread loads whole blocks as two 8-element vectors and splits them into 16 (BM, G)
         slices in its own registers, so the RHT butterfly, the block amax and the nibble packing
-        are elementwise: no shared-memory layout changes (the row-tile kernel needs several)."""
+        are elementwise: no shared-memory layout changes (the row-tile kernel needs several).
+        TILE2D: 16x16 tiles (BM a multiple of 16, M too), whose amax is the max of its 16 rows'
+        block amaxes: one reduction across threads per tile."""
         rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
         rg = tl.program_id(1).to(tl.int64) * G + tl.arange(0, G)
         mask = (rm[:, None] < M) & (rg[None, :] < K // 16)
@@ -667,6 +676,8 @@ if triton is not None:
         x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax = _transform_and_amax(
             x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, max_ptr, plain_max_ptr, RHT,
             IS_BF16, AMAX_ONLY, False)
+        if TILE2D:
+            bamax = _rows16_max(bamax, BM, G)
         if not AMAX_ONLY:
             s_enc = _encode_scale(amax_ptr, SCALE6)
             s_dec, enc = _block_scales(bamax, s_enc)
@@ -714,9 +725,11 @@ TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
 AMAX_TILE = {"BLOCK_SIZE": 8192, "ITERS": 8, "num_warps": 16}  # bench/nvfp4_quant.py block_sweep
 # the block kernel's tile per use (bench/nvfp4_quant.py block_sweep): 4 blocks per thread for the codes
-# (plain and RHT'd: 0.060 -> 0.059 ms at 8192^2 for the RHT, 2 -> 4 blocks, session 9), 1 for the amaxes
+# (plain and RHT'd: 0.060 -> 0.059 ms at 8192^2 for the RHT, 2 -> 4 blocks, session 9; 16x16 tiles: 16 rows,
+# 4 warps, 0.057 ms, where 16x16 with 2 warps swept at 0.054 but has not had the selfcheck, session 10), 1
+# for the amaxes
 BLOCK_TILES = {"codes": {"BM": 1, "G": 512, "num_warps": 4}, "codes_rht": {"BM": 1, "G": 512, "num_warps": 4},
-               "amaxes": {"BM": 4, "G": 128, "num_warps": 4}}
+               "codes_16x16": {"BM": 16, "G": 32, "num_warps": 4}, "amaxes": {"BM": 4, "G": 128, "num_warps": 4}}
 KERNELS = ("rows", "slices", "blocks")
 FORCE_KERNEL: str | None = None  # None: pick_kernel decides; the tests and benches force each in turn
 
@@ -760,12 +773,15 @@ def _slice_grid(m: int, k: int) -> tuple[int, int]:
 def pick_kernel(x: torch.Tensor, tile, stochastic: bool, four_over_six, codes_only: bool) -> str:
     """rows: row tiles, every option (16x16 tiles, 4/6). slices: 1x16 blocks of strided views (the
     wgrad operands), read along their contiguous axis. blocks: codes and scales of contiguous rows,
-    round to nearest, each thread holding whole blocks (bench/nvfp4_quant.py compares them)."""
+    round to nearest (1x16 or 16x16 tiles), each thread holding whole blocks (bench/nvfp4_quant.py
+    compares them)."""
     if FORCE_KERNEL not in (None, *KERNELS):
         raise ValueError(f"FORCE_KERNEL must be None or one of {KERNELS}; got {FORCE_KERNEL!r}")
-    if tile != (1, BLOCK) or four_over_six is not None:
+    if four_over_six is not None:
         return "rows"
     blocks_apply = codes_only and not stochastic and x.stride(1) == 1
+    if tile != (1, BLOCK):  # 16x16 tiles: the slice kernel has none
+        return "blocks" if blocks_apply and FORCE_KERNEL in (None, "blocks") else "rows"
     if FORCE_KERNEL is not None:
         return FORCE_KERNEL if FORCE_KERNEL != "blocks" or blocks_apply else "rows"
     if x.stride(1) != 1:
@@ -816,7 +832,7 @@ def _amaxes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     is_bf16 = x.dtype == torch.bfloat16
     if rows:
         _block_launch(_block_tile("amaxes", k), m, k, x, x.stride(0), m, k, rht_max, rht_max, rht_max, rht_max,
-                      plain_max, SCALE6=0.0, RHT=True, IS_BF16=is_bf16, AMAX_ONLY=True)
+                      plain_max, SCALE6=0.0, RHT=True, IS_BF16=is_bf16, AMAX_ONLY=True, TILE2D=False)
     else:
         _slice_launcher[_slice_grid(m, k)](x, x.stride(0), x.stride(1), m, k, rht_max, rht_max, rht_max, rht_max, 0,
                                            0, rht_max, rht_max, rht_max, plain_max, rht_max, SCALE6=0.0,
@@ -871,9 +887,10 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
             dummy if times is None else times)
     kernel = pick_kernel(x, tile, stochastic, four_over_six, codes is not None and part is None)
     if kernel == "blocks":
-        _block_launch(_block_tile("codes_rht" if rht else "codes", k), m, k, x, x.stride(0), m, k, amax,
-                      codes.view(torch.int64), scales, dummy, dummy, SCALE6=scale_max * 6.0, RHT=rht,
-                      IS_BF16=x.dtype == torch.bfloat16, AMAX_ONLY=False)
+        use = "codes_16x16" if tile[0] == BLOCK else "codes_rht" if rht else "codes"
+        _block_launch(_block_tile(use, k), m, k, x, x.stride(0), m, k, amax, codes.view(torch.int64), scales, dummy,
+                      dummy, SCALE6=scale_max * 6.0, RHT=rht, IS_BF16=x.dtype == torch.bfloat16, AMAX_ONLY=False,
+                      TILE2D=tile[0] == BLOCK)
     elif kernel == "slices":
         _slice_launcher[_slice_grid(m, k)](*args, amax, *outs, dummy, dummy, seed, BM=SLICE_TILE["BM"],
                                            G=SLICE_TILE["G"], num_warps=SLICE_TILE["num_warps"], AMAX_ONLY=False,
