@@ -1,6 +1,6 @@
 """Side-by-side timing of the block kernel's calls for two trees of the library, in fresh processes.
 
-    git archive <rev> longlive_core | tar -x -C ab/old     # here: untracked, so it travels with the tree
+    mkdir -p ab/old && git archive <rev> longlive_core | tar -x -C ab/old   # here; untracked, it travels
     for r in 1 2 3; do                                      # on the device, alternating
         PYTHONPATH=ab/old python bench/tools/quant_ab.py old
         PYTHONPATH=. python bench/tools/quant_ab.py new
@@ -13,6 +13,7 @@ with an amax large enough (1e6 in the tensor) to take the kernel's path for smal
 codes with their amax pass, and three calls of other kernels as controls (the transposed RHT
 partial, both amaxes of x and of x.t()). A finer clock than bench/nvfp4_quant.py's table (whose
 graph holds 3 calls and prints milliseconds to 3 places); the goal's figures come from that bench.
+Delete ab/ afterwards: the lint test would check it, and it is not for committing.
 """
 from __future__ import annotations
 
