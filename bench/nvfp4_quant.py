@@ -27,21 +27,22 @@ from longlive_core.quant.nvfp4 import quantize_torch
 REFERENCE_COPY_TBS = 4.19  # ../shared/docs/REFERENCE.md section 7: the H200's device copy, read + write
 
 
-def ms(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+def ms(fn, rep: int = 300) -> float:
+    return triton.testing.do_bench(fn, warmup=50, rep=rep, return_mode="median")
 
 
-def graph_ms(fn, xs) -> float:
-    """Device time of fn per input: one call on each input captured in a CUDA graph, replays timed,
-    so Python and launch overhead between kernels drop out."""
+def graph_ms(fn, xs, repeat: int = 1, rep: int = 300) -> float:
+    """Device time of fn per call: ``repeat`` calls on each input captured in a CUDA graph, replays
+    timed (for ``rep`` ms), so Python and launch overhead between kernels drop out."""
     for x in xs:
         fn(x)  # compile and warm up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for x in xs:
-            fn(x)
-    return ms(graph.replay) / len(xs)
+        for _ in range(repeat):
+            for x in xs:
+                fn(x)
+    return ms(graph.replay, rep) / (repeat * len(xs))
 
 
 def tile_sweep(label: str, tile: dict, candidates: list[dict], calls: list[tuple[str, object]], xs,
@@ -83,6 +84,7 @@ def block_sweep(xs, uses=("codes", "codes_rht", "codes_16x16", "amaxes")) -> Non
               # faster on the H200 (RESULTS, session 7); 4x256x4 (8 blocks, 255 registers) slower. Since
               # session 9's kernel changes (64-bit code stores, one convert per rounded value, rcp.rn) the
               # RHT codes run fastest at 4 blocks per thread: 1x512x4 and 1x256x2 0.059 ms, 1x512x8 0.060
+              # (session 10's kernel: 1x512x4, 1x256x2 and 1x128x1 0.056, 1x512x8 0.058)
               "codes_rht": ((1, 512, 8), (1, 512, 4), (1, 256, 2), (1, 128, 1), (1, 1024, 8), (2, 512, 8),
                             (2, 256, 4), (4, 256, 4), (2, 256, 8), (4, 128, 8)),
               "codes_16x16": ((16, 32, 4), (16, 16, 2), (16, 64, 8), (32, 16, 4), (32, 32, 8), (64, 8, 4)),

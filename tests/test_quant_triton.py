@@ -62,7 +62,7 @@ def test_block_tile_narrows_to_the_row_and_keeps_its_blocks_per_program():
             assert got["G"] == tile["G"] or got["G"] // 2 < k // 16 <= got["G"], (use, k, got)
 
 
-def test_16x16_codes_of_contiguous_rows_go_to_the_block_kernel_and_the_rest_to_row_tiles():
+def test_16x16_codes_of_contiguous_rows_go_to_the_block_kernel_and_the_rest_to_row_tiles(monkeypatch):
     from longlive_core.quant import triton_kernels
     x = torch.zeros(32, 64)
     assert triton_kernels.pick_kernel(x, (16, 16), False, None, True) == "blocks"
@@ -73,8 +73,5 @@ def test_16x16_codes_of_contiguous_rows_go_to_the_block_kernel_and_the_rest_to_r
     for k in (16, 160, 3072, 65536):  # a program's rows never split a 16-row group
         assert triton_kernels._block_tile("codes_16x16", k)["BM"] % 16 == 0
     for forced, want in (("rows", "rows"), ("slices", "rows"), ("blocks", "blocks")):
-        triton_kernels.FORCE_KERNEL = forced
-        try:
-            assert triton_kernels.pick_kernel(x, (16, 16), False, None, True) == want, forced
-        finally:
-            triton_kernels.FORCE_KERNEL = None
+        monkeypatch.setattr(triton_kernels, "FORCE_KERNEL", forced)
+        assert triton_kernels.pick_kernel(x, (16, 16), False, None, True) == want, forced

@@ -46,21 +46,18 @@ def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int):
 
 def cases():
     f32, u8 = "*fp32", "*u8"
-    for rht in (False, True):
-        for amax_only in (False, True):
-            b = tk.BLOCK_TILES["amaxes" if amax_only else "codes_rht" if rht else "codes"]
-            yield (f"blocks rht={rht} amax_only={amax_only}", tk._block_kernel,
-                   {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": "*i64", "scales_ptr": u8,
-                    "max_ptr": "*i32" if amax_only else f32, "plain_max_ptr": "*i32" if amax_only else f32},
-                   dict(SCALE6=2688.0, BM=b["BM"], G=b["G"], RHT=rht, IS_BF16=True, AMAX_ONLY=amax_only,
-                        TILE2D=False),
-                   b["num_warps"], b["BM"] * b["G"] * 16)
-    b = tk.BLOCK_TILES["codes_16x16"]
-    yield ("blocks 16x16 rht=False", tk._block_kernel,
-           {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": "*i64", "scales_ptr": u8, "max_ptr": f32,
-            "plain_max_ptr": f32},
-           dict(SCALE6=2688.0, BM=b["BM"], G=b["G"], RHT=False, IS_BF16=True, AMAX_ONLY=False, TILE2D=True),
-           b["num_warps"], b["BM"] * b["G"] * 16)
+    # (name, use, RHT, AMAX_ONLY, TILE2D)
+    for name, use, rht, amax_only, tile2d in (("blocks rht=False amax_only=False", "codes", False, False, False),
+                                              ("blocks rht=False amax_only=True", "amaxes", False, True, False),
+                                              ("blocks rht=True amax_only=False", "codes_rht", True, False, False),
+                                              ("blocks rht=True amax_only=True", "amaxes", True, True, False),
+                                              ("blocks 16x16 rht=False", "codes_16x16", False, False, True)):
+        b = tk.BLOCK_TILES[use]
+        yield (name, tk._block_kernel,
+               {"x_ptr": "*bf16", "amax_ptr": f32, "codes_ptr": "*i64", "scales_ptr": u8,
+                "max_ptr": "*i32" if amax_only else f32, "plain_max_ptr": "*i32" if amax_only else f32},
+               dict(SCALE6=2688.0, BM=b["BM"], G=b["G"], RHT=rht, IS_BF16=True, AMAX_ONLY=amax_only, TILE2D=tile2d),
+               b["num_warps"], b["BM"] * b["G"] * 16)
     t = tk.TILE
     for rht in (False, True):
         yield (f"rows codes rht={rht}", tk._quant_kernel,

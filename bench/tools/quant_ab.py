@@ -18,27 +18,22 @@ Delete ab/ afterwards: the lint test would check it, and it is not for committin
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
-import triton.testing
 
 from longlive_core.quant import triton_kernels as tk
 from longlive_core.quant.gemm import quantize_partial
 from longlive_core.quant.nvfp4 import quantize_torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for its timing helper
+from nvfp4_quant import graph_ms  # noqa: E402
+
 N = 8192
 
 
 def graph_us(fn, xs) -> float:
-    for x in xs:
-        fn(x)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(4):
-            for x in xs:
-                fn(x)
-    return triton.testing.do_bench(graph.replay, warmup=100, rep=1000, return_mode="median") * 1e3 / (4 * len(xs))
+    return 1e3 * graph_ms(fn, xs, repeat=4, rep=1000)
 
 
 def main() -> None:

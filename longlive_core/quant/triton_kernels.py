@@ -267,6 +267,12 @@ if triton is not None:
         return tl.reshape(tl.broadcast_to(t[:, None, :], (BM // 16, 16, G)), (BM, G))
 
     @triton.jit
+    def _rows16_max(v, BM: tl.constexpr, G: tl.constexpr):
+        """(BM, G) block amaxes -> (BM, G) with each 16-row tile's max (NaN if any is) on all its rows."""
+        m = tl.reduce(tl.reshape(v, (BM // 16, 16, G)), 1, _nanmax)
+        return tl.reshape(tl.broadcast_to(m[:, None, :], (BM // 16, 16, G)), (BM, G))
+
+    @triton.jit
     def _store_decode(dec_ptr, times_ptr, s_enc, TIMES: tl.constexpr):
         """1 / S_enc into dec_ptr from program (0, 0); with TIMES, times the float32 at times_ptr
         (another operand's decode scale: the product is a GEMM's alpha, and the host is spared a
@@ -289,8 +295,7 @@ if triton is not None:
         xb = tl.reshape(x, (BM, G, 16))
         bamax = tl.max(tl.abs(xb), axis=2)
         if TILE2D:
-            t = tl.max(tl.reshape(bamax, (BM // 16, 16, G)), axis=1)
-            bamax = tl.reshape(tl.broadcast_to(t[:, None, :], (BM // 16, 16, G)), (BM, G))
+            bamax = _rows16_max(bamax, BM, G)
         s_enc = _encode_scale(amax_ptr, SCALE6)
         if WRITE_DEC:
             _store_decode(dec_ptr, times_ptr, s_enc, TIMES)
@@ -650,12 +655,6 @@ if triton is not None:
         return w | (_sign_bits(y0, y1, y2, y3, y4, y5, y6, y7, PLUS_ZERO) & -2004318072)  # 0x88888888
 
     @triton.jit
-    def _rows16_max(v, BM: tl.constexpr, G: tl.constexpr):
-        """The max of each 16 consecutive rows of a (BM, G) tile, NaN if any is, on all 16 rows."""
-        m = tl.reduce(tl.reshape(v, (BM // 16, 16, G)), 1, _nanmax)
-        return tl.reshape(tl.broadcast_to(m[:, None, :], (BM // 16, 16, G)), (BM, G))
-
-    @triton.jit
     def _block_kernel(x_ptr, sxm, M, K, amax_ptr, codes_ptr, scales_ptr, max_ptr, plain_max_ptr,
                       SCALE6: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, RHT: tl.constexpr,
                       IS_BF16: tl.constexpr, AMAX_ONLY: tl.constexpr, TILE2D: tl.constexpr):
@@ -669,8 +668,9 @@ if triton is not None:
         rg = tl.program_id(1).to(tl.int64) * G + tl.arange(0, G)
         mask = (rm[:, None] < M) & (rg[None, :] < K // 16)
         base = x_ptr + rm[:, None, None] * sxm + rg[None, :, None] * 16 + tl.arange(0, 8)[None, None, :]
-        lo = _f32_pairs(tl.load(base, mask=mask[:, :, None], other=0.0), _opaque(K, 65536))
-        hi = _f32_pairs(tl.load(base + 8, mask=mask[:, :, None], other=0.0), _opaque(K, 65536))
+        m65536 = _opaque(K, 65536)
+        lo = _f32_pairs(tl.load(base, mask=mask[:, :, None], other=0.0), m65536)
+        hi = _f32_pairs(tl.load(base + 8, mask=mask[:, :, None], other=0.0), m65536)
         x0, x1, x2, x3, x4, x5, x6, x7 = _split8(lo, BM, G)
         x8, x9, x10, x11, x12, x13, x14, x15 = _split8(hi, BM, G)
         x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15, bamax = _transform_and_amax(
