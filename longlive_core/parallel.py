@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol, TypeVar
 
@@ -35,25 +35,46 @@ class InlineExecutor:
 
 class LocalProcessExecutor:
     """Worker processes on this machine. "spawn" keeps workers free of the parent's threads and
-    locks (PyAV, MLflow and torch all start threads)."""
+    locks (PyAV, MLflow and torch all start threads).
+
+    At most ``2 * workers`` items are in flight, and a result is let go as soon as it is yielded:
+    a video's clips are megabytes, and holding every finished one until the end grows without bound.
+    """
 
     def __init__(self, workers: int):
         self.workers = workers
 
     def map_unordered(self, fn, items):
-        items = list(items)
-        if not items:
-            return
         ctx = multiprocessing.get_context("spawn")
+        pending = iter(items)
         with ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx) as pool:
-            futures = {pool.submit(fn, item): item for item in items}
-            for fut in as_completed(futures):
-                exc = fut.exception()
-                if isinstance(exc, BrokenProcessPool):
-                    # the pool is gone, not this item's fault: stop rather than blame every item
-                    raise RuntimeError(f"a worker process died ({exc}); finished items are kept, "
-                                       "rerun to continue") from exc
-                yield futures[fut], (exc if exc is not None else fut.result())
+            running: dict = {}
+
+            def top_up() -> None:
+                while len(running) < 2 * self.workers:
+                    item = next(pending, _END)
+                    if item is _END:
+                        return
+                    running[pool.submit(fn, item)] = item
+
+            top_up()
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    item = running.pop(fut)
+                    exc = fut.exception()
+                    if isinstance(exc, BrokenProcessPool):
+                        # the pool is gone, not this item's fault: stop rather than blame every item
+                        raise RuntimeError(f"a worker process died ({exc}); finished items are kept, "
+                                           "rerun to continue") from exc
+                    result = exc if exc is not None else fut.result()
+                    del fut  # the future holds the result too
+                    yield item, result
+                    del result
+                top_up()
+
+
+_END = object()
 
 
 def make_executor(kind: str, workers: int) -> Executor:

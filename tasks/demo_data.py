@@ -1,6 +1,7 @@
 """DVC stage `demo_data`: makes the demo's raw videos (see longlive_core.data.demo)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from longlive_core.config import stage_config
@@ -12,9 +13,12 @@ RAW_DIR = Path("data/demo/raw")
 TRUTH = Path("data/demo/truth.json")
 
 
-def body(params, run):
-    cfg = stage_config(DemoDataConfig, "demo_data", params)
-    run.set_tags({"input.params.sha256": digest_json(params["demo_data"])})
+def prepare(params) -> DemoDataConfig:
+    return stage_config(DemoDataConfig, "demo_data", params)
+
+
+def body(cfg: DemoDataConfig, run):
+    run.set_tags({"input.params.sha256": digest_json(dataclasses.asdict(cfg))})
     truth = make_demo_data(cfg, RAW_DIR, TRUTH)
     n_files = sum(1 for p in RAW_DIR.rglob("*") if p.is_file())
     summary = {"enabled": cfg.enabled, "videos": len(truth["videos"]), "files": n_files,
@@ -32,7 +36,7 @@ def one_line(s) -> str:
 
 
 def main() -> None:
-    main_for("demo_data", body, one_line)
+    main_for("demo_data", prepare, body, one_line)
 
 
 if __name__ == "__main__":

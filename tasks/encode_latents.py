@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime
 import os
 import sys
-from pathlib import Path
 
 import pandas as pd
 
@@ -17,14 +16,8 @@ from longlive_core.devices import pick_device
 from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
 from longlive_core.progress import setup_logging
 from longlive_core.tracking.lineage import digest_file
-from tasks.assemble import SAMPLES
-from tasks.shots import CLIPS, SHOTS
+from tasks.paths import CLIPS, LATENT_INDEX, LATENT_SHARDS, LATENTS_FAILED, SAMPLES, SHOTS
 from tasks.stage import run_stage
-
-OUT = Path("data/latents")
-SHARDS = OUT / "shards"
-INDEX = OUT / "index.parquet"
-FAILED = OUT / "failed.parquet"
 
 
 def config(params) -> EncodeLatentsConfig:
@@ -32,16 +25,16 @@ def config(params) -> EncodeLatentsConfig:
 
 
 def encode(cfg: EncodeLatentsConfig, comm: Comm) -> dict:
-    return encode_samples(pd.read_parquet(SAMPLES), pd.read_parquet(SHOTS), CLIPS, SHARDS, INDEX, FAILED, cfg, comm)
+    return encode_samples(pd.read_parquet(SAMPLES), pd.read_parquet(SHOTS), CLIPS, LATENT_SHARDS, LATENT_INDEX,
+                          LATENTS_FAILED, cfg, comm)
 
 
-def body(params, run, comm: Comm):
-    cfg = config(params)
+def body(cfg: EncodeLatentsConfig, run, comm: Comm):
     run.set_tags({"input.samples.sha256": digest_file(SAMPLES), "input.shots.sha256": digest_file(SHOTS)})
     counts = encode(cfg, comm)
     run.log_metrics(counts)
-    run.log_artifact(INDEX)
-    run.log_artifact(FAILED)
+    run.log_artifact(LATENT_INDEX)
+    run.log_artifact(LATENTS_FAILED)
     return counts
 
 
@@ -77,7 +70,7 @@ def main() -> None:
             raise ConfigError(f"encode_latents.sp is {cfg.sp} but torchrun started {comm.world} ranks")
     try:
         if comm.rank == 0:
-            code = run_stage("encode_latents", lambda params, run: body(params, run, comm), one_line)
+            code = run_stage("encode_latents", config, lambda c, run: body(c, run, comm), one_line)
         else:
             encode(cfg, comm)
             code = 0

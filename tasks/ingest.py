@@ -9,21 +9,23 @@ from pathlib import Path
 
 from longlive_core.config import stage_config
 from longlive_core.data.ingest import IngestConfig, IngestState, ingest
-from longlive_core.data.sources import open_source
+from longlive_core.data.sources import check_source_uri, open_source
 from longlive_core.io.atomic import remove_stale_tmp, write_parquet
 from longlive_core.tracking.lineage import digest_lines
+from tasks.paths import INGEST, INGEST_STATE, MANIFEST
 from tasks.stage import main_for
-
-OUT_DIR = Path("data/ingest")
-MANIFEST = OUT_DIR / "manifest.parquet"
-STATE_DIR = OUT_DIR / "state"
 
 log = logging.getLogger("stage.ingest")
 
 
-def body(params, run):
+def prepare(params) -> IngestConfig:
     cfg = stage_config(IngestConfig, "ingest", params)
-    removed = remove_stale_tmp(OUT_DIR)
+    check_source_uri(cfg.source)
+    return cfg
+
+
+def body(cfg: IngestConfig, run):
+    removed = remove_stale_tmp(INGEST)
     if removed:
         log.info("removed %d temporary file(s) left by an interrupted run", removed)
     t0 = time.monotonic()
@@ -33,7 +35,7 @@ def body(params, run):
     source = open_source(cfg.source, cfg.cache_dir, cfg.s3)
     listing = source.list()
     t_list = time.monotonic() - t0
-    outcome = ingest(listing, cfg, IngestState(STATE_DIR), cfg.source)
+    outcome = ingest(listing, cfg, IngestState(INGEST_STATE), cfg.source)
     t_all = max(time.monotonic() - t0, 1e-9)
     counts = dict(outcome.counts)
     counts.update(list_s=round(t_list, 3), ingest_s=round(t_all, 3),
@@ -63,7 +65,7 @@ def one_line(s) -> str:
 
 
 def main() -> None:
-    main_for("ingest", body, one_line)
+    main_for("ingest", prepare, body, one_line)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@ data/iqa/scores.parquet. Raw scores are cached in data/iqa/state/ (persist), so 
 threshold re-decides without re-scoring."""
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
 
 import pandas as pd
+import torch
 
 from longlive_core.config import stage_config
 from longlive_core.devices import pick_device
@@ -14,20 +15,26 @@ from longlive_core.io.atomic import write_parquet
 from longlive_core.iqa.metrics import IQAConfig, QualityMetric
 from longlive_core.iqa.score import score_shots
 from longlive_core.tracking.lineage import digest_file
-from tasks.shots import CLIPS, SHOTS
+from tasks.paths import CLIPS, IQA_STATE, SCORES, SHOTS
 from tasks.stage import main_for
 
-OUT = Path("data/iqa")
-SCORES = OUT / "scores.parquet"
-STATE = OUT / "state"
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    iqa: IQAConfig
+    device: torch.device
 
 
-def body(params, run):
+def prepare(params) -> Prepared:
     cfg = stage_config(IQAConfig, "iqa_filter", params)
-    device = pick_device(cfg.device, "iqa_filter.device")
-    run.set_tags({"input.shots.sha256": digest_file(SHOTS), "iqa.metric": cfg.metric, "device": str(device)})
-    metric = QualityMetric(cfg, device)
-    out = score_shots(pd.read_parquet(SHOTS), CLIPS, cfg, metric, STATE)
+    return Prepared(cfg, pick_device(cfg.device, "iqa_filter.device"))
+
+
+def body(p: Prepared, run):
+    cfg = p.iqa
+    run.set_tags({"input.shots.sha256": digest_file(SHOTS), "iqa.metric": cfg.metric, "device": str(p.device)})
+    metric = QualityMetric(cfg, p.device)
+    out = score_shots(pd.read_parquet(SHOTS), CLIPS, cfg, metric, IQA_STATE)
     write_parquet(out.scores, SCORES)
     run.log_metrics(out.counts)
     run.log_artifact(SCORES)
@@ -41,7 +48,7 @@ def one_line(s) -> str:
 
 
 def main() -> None:
-    main_for("iqa_filter", body, one_line)
+    main_for("iqa_filter", prepare, body, one_line)
 
 
 if __name__ == "__main__":

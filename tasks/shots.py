@@ -4,36 +4,37 @@ data/shots/rejected.parquet (too-short shots and videos that failed, with reason
 split new videos (state in data/shots/state/, clips in data/shots/clips/, both persist)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
 
 from longlive_core.config import stage_config
-from longlive_core.data.ingest import IngestConfig
-from longlive_core.data.sources import local_root
 from longlive_core.io.atomic import remove_stale_tmp, write_parquet
 from longlive_core.parallel import make_executor
 from longlive_core.shots.detect import ShotsConfig
 from longlive_core.shots.split import split_videos
 from longlive_core.tracking.lineage import digest_file
-from tasks.ingest import MANIFEST
+from tasks.paths import CLIPS, MANIFEST, REJECTED, SHOTS, SHOTS_STATE, raw_root
 from tasks.stage import main_for
 
-OUT = Path("data/shots")
-SHOTS = OUT / "shots.parquet"
-REJECTED = OUT / "rejected.parquet"
-CLIPS = OUT / "clips"
-STATE = OUT / "state"
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    shots: ShotsConfig
+    raw_root: Path
 
 
-def body(params, run):
-    cfg = stage_config(ShotsConfig, "shots", params)
-    ingest_cfg = stage_config(IngestConfig, "ingest", params)
+def prepare(params) -> Prepared:
+    return Prepared(stage_config(ShotsConfig, "shots", params), raw_root(params))
+
+
+def body(cfg: Prepared, run):
     remove_stale_tmp(CLIPS)
     run.set_tags({"input.manifest.sha256": digest_file(MANIFEST)})
     manifest = pd.read_parquet(MANIFEST)
-    root = local_root(ingest_cfg.source, ingest_cfg.cache_dir)
-    out = split_videos(manifest, root, cfg, STATE, CLIPS, make_executor(cfg.executor, cfg.workers))
+    out = split_videos(manifest, cfg.raw_root, cfg.shots, SHOTS_STATE, CLIPS,
+                       make_executor(cfg.shots.executor, cfg.shots.workers))
     write_parquet(out.shots, SHOTS)
     write_parquet(out.rejected, REJECTED)
     run.log_metrics(out.counts)
@@ -49,7 +50,7 @@ def one_line(s) -> str:
 
 
 def main() -> None:
-    main_for("shots", body, one_line)
+    main_for("shots", prepare, body, one_line)
 
 
 if __name__ == "__main__":

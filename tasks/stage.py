@@ -1,7 +1,10 @@
 """What every stage module shares: params, logging, the MLflow run and the run report.
 
-A stage body gets its params and the open StageRun and returns a summary dict; the summary is
-written to ``reports/<stage>/run.json`` (with the MLflow run id) and ends the log as one line.
+A stage's ``prepare`` turns params into its typed configs and checks them (sources, model paths)
+before anything else happens: bad params fail with one line that says what to fix, and no MLflow
+run is opened for them. Its body gets the prepared configs and the open StageRun and returns a
+summary dict; the summary is written to ``reports/<stage>/run.json`` (with the MLflow run id) and
+ends the log as one line.
 """
 from __future__ import annotations
 
@@ -10,47 +13,49 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from longlive_core.config import ConfigError, load_params, stage_config
-from longlive_core.data.sources import SourceError
+from longlive_core.data.roots import SourceError
 from longlive_core.io.atomic import write_json
 from longlive_core.progress import setup_logging
 from longlive_core.tracking.mlflow_run import StageRun, TrackingConfig
 
 REPORTS = Path("reports")
+C = TypeVar("C")
 
 
 def report_path(stage: str) -> Path:
     return REPORTS / stage / "run.json"
 
 
-def run_stage(stage: str, body: Callable[[dict[str, Any], StageRun], dict[str, Any]],
+def run_stage(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable[[C, StageRun], dict[str, Any]],
               one_line: Callable[[dict[str, Any]], str]) -> int:
     setup_logging()
     log = logging.getLogger(f"stage.{stage}")
     try:
         params = load_params()
         tracking = stage_config(TrackingConfig, "tracking", params) if "tracking" in params else TrackingConfig()
-    except ConfigError as exc:
-        log.error("%s", exc)
+        cfg = prepare(params)
+    except (ConfigError, SourceError) as exc:  # the message says what to fix; nothing has started
+        log.error("%s: %s", stage, exc)
         return 2
     start = time.monotonic()
     try:
         with StageRun(tracking, stage) as run:  # an exception marks the MLflow run FAILED
             run.log_params({stage: params.get(stage, {})})
-            summary = body(params, run)
+            summary = body(cfg, run)
             summary["elapsed_s"] = round(time.monotonic() - start, 3)
             run.log_metrics({"elapsed_s": summary["elapsed_s"]})
             summary["mlflow_run_id"] = run.run_id
             write_json(summary, report_path(stage))
             run.log_artifact(report_path(stage))
-    except (ConfigError, SourceError) as exc:  # bad params or source: the message says what to fix
+    except (ConfigError, SourceError) as exc:  # found only once working (an S3 bucket that answers no)
         log.error("%s: %s", stage, exc)
         return 2
     log.info("%s: %s (%.1fs)", stage, one_line(summary), summary["elapsed_s"])
     return 0
 
 
-def main_for(stage: str, body, one_line) -> None:
-    sys.exit(run_stage(stage, body, one_line))
+def main_for(stage: str, prepare, body, one_line) -> None:
+    sys.exit(run_stage(stage, prepare, body, one_line))

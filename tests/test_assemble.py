@@ -1,3 +1,4 @@
+import hashlib
 import json
 
 import pandas as pd
@@ -5,6 +6,7 @@ import pytest
 
 from longlive_core.config import ConfigError, from_mapping
 from longlive_core.data.assemble import AssembleConfig, Bucket, assemble_samples, bucket_of, split_of
+from longlive_core.data.roots import SourceError
 
 VID_A, VID_B = "a" * 64, "b" * 64
 
@@ -27,10 +29,17 @@ def root(tmp_path):
     return tmp_path
 
 
-def manifest(with_b_caption=False):
-    return pd.DataFrame([
-        {"video_id": VID_A, "caption_path": "a.json", "caption_status": "ok"},
-        {"video_id": VID_B, "caption_path": None, "caption_status": "missing"}])
+def manifest(root, copies=()):
+    """The ingest manifest: a.mp4 with its sidecar's digest, b.mp4 without one, and byte-identical
+    copies of a.mp4 (status duplicate, same video_id) at the paths in ``copies``."""
+    digest = hashlib.sha256((root / "a.json").read_bytes()).hexdigest()
+    rows = [{"video_id": VID_A, "path": "a.mp4", "status": "ok", "caption_path": "a.json", "caption_status": "ok",
+             "caption_sha256": digest},
+            {"video_id": VID_B, "path": "b.mp4", "status": "ok", "caption_path": None, "caption_status": "missing",
+             "caption_sha256": None}]
+    rows += [{"video_id": VID_A, "path": c, "status": "duplicate", "caption_path": None, "caption_status": "missing",
+              "caption_sha256": None} for c in copies]
+    return pd.DataFrame(rows)
 
 
 CFG = dict(max_shots=3, min_duration_s=1.0, max_duration_s=5.0, missing_caption="empty", val_fraction=0.0,
@@ -38,9 +47,9 @@ CFG = dict(max_shots=3, min_duration_s=1.0, max_duration_s=5.0, missing_caption=
                     {"name": "long", "min_s": 3.0, "max_s": None, "weight": 3.0}])
 
 
-def assemble(spec, root, **over):
+def assemble(spec, root, copies=(), **over):
     cfg = from_mapping(AssembleConfig, {**CFG, **over}, "assemble")
-    return assemble_samples(shots_table(spec), manifest(), root, cfg)
+    return assemble_samples(shots_table(spec), manifest(root, copies), root, cfg)
 
 
 def test_runs_break_at_gaps_and_limits(root):
@@ -93,3 +102,22 @@ def test_bucket_rules():
     with pytest.raises(ConfigError, match="overlap"):
         from_mapping(AssembleConfig, {"buckets": [{"name": "x", "min_s": 1, "max_s": 5},
                                                   {"name": "y", "min_s": 4, "max_s": 9}]}, "assemble")
+
+
+def test_a_video_with_byte_identical_copies_is_one_video(root):
+    spec = [(VID_A, [(0, 15, True), (15, 30, True)])]
+    out = assemble(spec, root, copies=["copy of a.mp4", "again/a.mp4"])
+    assert [list(s) for s in out.samples["shot_indices"]] == [[0, 1]]
+    assert out.samples.iloc[0]["captions"] == ["first", "second"]
+
+
+def test_a_sidecar_edited_after_ingest_is_an_error_that_says_to_rerun_ingest(root):
+    spec = [(VID_A, [(0, 15, True), (15, 30, True)])]
+    cfg = from_mapping(AssembleConfig, CFG, "assemble")
+    m = manifest(root)
+    (root / "a.json").write_text(json.dumps({"caption": "edited since"}))
+    with pytest.raises(SourceError, match="a.json changed after ingest read it: rerun ingest"):
+        assemble_samples(shots_table(spec), m, root, cfg)
+    (root / "a.json").unlink()
+    with pytest.raises(SourceError, match="a.json changed after ingest read it"):
+        assemble_samples(shots_table(spec), m, root, cfg)

@@ -1,14 +1,11 @@
 import dataclasses
 import re
-import shutil
 
 import pytest
 
 from longlive_core.config import ConfigError, from_mapping, load_params, stage_config
 from longlive_core.data.demo import DemoDataConfig
 from longlive_core.data.ingest import IngestConfig
-from longlive_core.params_overlay import apply_overlay
-from longlive_core.params_overlay import main as params_main
 from longlive_core.tracking.mlflow_run import TrackingConfig
 
 from .conftest import REPO
@@ -59,28 +56,3 @@ def test_ingest_validation_errors():
         from_mapping(IngestConfig, {"source": "x", "workers": 0}, "ingest")
     with pytest.raises(ConfigError, match="start with a dot"):
         from_mapping(IngestConfig, {"source": "x", "extensions": ["mp4"]}, "ingest")
-
-
-def test_production_overlay_applies_and_keeps_comments(tmp_path):
-    params = tmp_path / "params.yaml"
-    shutil.copy(REPO / "params.yaml", params)
-    changed = apply_overlay(params, REPO / "configs/production.yaml")
-    assert "demo_data.enabled" in changed and "ingest.source" in changed
-    text = params.read_text()
-    assert "# MLFLOW_TRACKING_URI in the environment overrides this" in text
-    prod = load_params(params)
-    assert stage_config(DemoDataConfig, "demo_data", prod).enabled is False
-    assert stage_config(IngestConfig, "ingest", prod).min_duration_s == 16.0
-    # applying twice changes nothing more
-    assert apply_overlay(params, REPO / "configs/production.yaml") == []
-
-
-def test_overlay_with_a_typo_fails_and_leaves_params_untouched(tmp_path, capsys):
-    params = tmp_path / "params.yaml"
-    shutil.copy(REPO / "params.yaml", params)
-    before = params.read_bytes()
-    overlay = tmp_path / "bad.yaml"
-    overlay.write_text("ingest:\n  min_duraton_s: 3\n")
-    assert params_main(["apply", str(overlay), "--params", str(params)]) == 2
-    assert "ingest.min_duraton_s is not a key of params.yaml" in capsys.readouterr().err
-    assert params.read_bytes() == before

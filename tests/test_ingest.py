@@ -6,7 +6,8 @@ import pytest
 
 from longlive_core.config import from_mapping
 from longlive_core.data.ingest import MANIFEST_COLUMNS, IngestConfig, IngestState, ingest
-from longlive_core.data.sources import LocalSource, SourceError, resolve_inside, safe_relpath
+from longlive_core.data.roots import SourceError, resolve_inside, safe_relpath
+from longlive_core.data.sources import LocalSource
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
 
@@ -146,3 +147,39 @@ def test_unreadable_files_are_quarantined_and_retried_next_run(demo_copy, tmp_pa
     again = run_ingest(raw, tmp_path / "state")
     assert again.counts["hashed"] == 1  # the failure was not remembered as a result
     assert again.manifest.set_index("path").loc["sports/match.mp4", "status"] == "ok"
+
+
+def test_what_is_a_video_is_decided_by_its_content(tmp_path):
+    """Every file with a video extension, or with none, is probed; a non-video is quarantined."""
+    from .test_video import CONTAINERS, TWO_SHOTS
+
+    src = tmp_path / "src"
+    for name, container, codec in CONTAINERS:
+        write_video(src / name, TWO_SHOTS, 24, 96, 64, container=container, codec=codec)
+    (src / "README").write_text("not a video, and no extension")
+    (src / ".DS_Store").write_bytes(b"\0\1")  # hidden files are no candidates
+    (src / "notes.txt").write_text("other")
+    (src / "no_extension.json").write_text('{"caption": "a sidecar of a file with no extension"}')
+    out = run_ingest(src, tmp_path / "state", min_duration_s=0.0)
+    rows = out.manifest.set_index("path")
+    assert set(rows.index) == {name for name, _, _ in CONTAINERS} | {"README"}
+    assert (rows.drop(index="README")["status"] == "ok").all(), rows[["status", "reason"]]
+    assert (rows.drop(index="README")["num_frames"] == 72).all()
+    assert rows.loc["README", "status"] == "quarantined"
+    assert rows.loc["README", "reason"].startswith("not a readable video container")
+    assert rows.loc["no_extension", "caption_status"] == "ok"
+    assert out.counts["other_files"] == 2  # .DS_Store and notes.txt
+
+
+def test_the_manifest_records_each_sidecars_digest(demo_copy, tmp_path):
+    raw, _ = demo_copy
+    first = run_ingest(raw, tmp_path / "state").manifest.set_index("path")
+    import hashlib
+
+    side = raw / "nature/single_take.json"
+    assert first.loc[("nature/single_take.mp4", "caption_sha256")] == hashlib.sha256(side.read_bytes()).hexdigest()
+    assert first.loc[first["caption_status"] == "missing", "caption_sha256"].isna().all()
+    side.write_text('{"caption": "an edited caption"}')
+    again = run_ingest(raw, tmp_path / "state").manifest.set_index("path")
+    key = ("nature/single_take.mp4", "caption_sha256")
+    assert again.loc[key] != first.loc[key]

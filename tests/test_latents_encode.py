@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
 import pandas as pd
@@ -23,18 +24,23 @@ def clip_bytes(tmp_path, n: int, seed: int) -> bytes:
     return path.read_bytes()
 
 
+DIGESTS: dict[str, str] = {}  # clip member -> SHA-256 of its bytes, as the shots stage records it
+
+
 def make_inputs(tmp_path):
     """Two samples: "a" (two good shots of v1) and "b" (v2's one shot, not a video)."""
     clips = tmp_path / "clips"
     writer = ShardWriter(clips, 1 << 30)
-    shard = writer.add("v1/0000.mp4", clip_bytes(tmp_path, 17, 1))
-    writer.add("v1/0001.mp4", clip_bytes(tmp_path, 9, 2))
-    writer.add("v2/0000.mp4", b"not a video")
-    writer.add("v1/0000-recut.mp4", clip_bytes(tmp_path, 13, 3))
+    members = {"v1/0000.mp4": clip_bytes(tmp_path, 17, 1), "v1/0001.mp4": clip_bytes(tmp_path, 9, 2),
+               "v2/0000.mp4": b"not a video", "v1/0000-recut.mp4": clip_bytes(tmp_path, 13, 3)}
+    for member, data in members.items():
+        shard = writer.add(member, data)
     writer.close()
+    DIGESTS.update({m: hashlib.sha256(d).hexdigest() for m, d in members.items()})
     shots = pd.DataFrame({"video_id": ["v1", "v1", "v2"], "shot_index": [0, 1, 0], "clip_shard": [shard] * 3,
                           "clip_member": ["v1/0000.mp4", "v1/0001.mp4", "v2/0000.mp4"],
                           "start_frame": [0, 17, 0], "end_frame": [17, 26, 9]})
+    shots["clip_sha256"] = shots["clip_member"].map(DIGESTS)
     samples = pd.DataFrame({"sample_id": ["a", "b"], "video_id": ["v1", "v2"], "shot_indices": [[0, 1], [0]],
                             "captions": [["one", "two"], ["broken"]], "split": ["train", "val"]})
     return clips, shots, samples
@@ -98,7 +104,7 @@ def test_a_rerun_redoes_what_changed_and_drops_what_left(tmp_path):
     assert sorted(p.name for p in (out / "shards").iterdir()) == list(index["shard"].unique())
     # a re-cut clip (another member, another frame range) re-encodes with the new frames
     recut = shots.copy()
-    recut.loc[0, ["clip_member", "end_frame"]] = ["v1/0000-recut.mp4", 13]
+    recut.loc[0, ["clip_member", "end_frame", "clip_sha256"]] = ["v1/0000-recut.mp4", 13, DIGESTS["v1/0000-recut.mp4"]]
     counts, index = run(edited, recut)
     assert counts["samples_encoded"] == 1 and list(index["latent_shape"][0]) == [48, 4, 2, 2]  # 13 frames -> 4
     # a smaller selection keeps what was encoded; a sample gone from the samples table leaves the
@@ -111,21 +117,28 @@ def test_a_rerun_redoes_what_changed_and_drops_what_left(tmp_path):
     assert counts["samples_dropped"] == 1 and index.empty and not list((out / "shards").iterdir())
 
 
-def test_weights_identity_follows_the_files(tmp_path):
+def test_weights_identity_follows_the_bytes_and_reads_unchanged_files_once(tmp_path, monkeypatch):
     import os
 
-    from longlive_core.models.checkpoint import CheckpointError, weights_identity
+    from longlive_core.models import weights as w
 
-    assert weights_identity("tiny") == "tiny"
+    memo = tmp_path / "memo.json"
+    assert w.weights_identity("tiny") == "tiny"
     (tmp_path / "vae").mkdir()
     weights = tmp_path / "vae" / "model.safetensors"
     weights.write_bytes(b"x" * 10)
-    first = weights_identity(tmp_path / "vae")
-    assert weights_identity(tmp_path / "vae") == first
-    os.utime(weights, ns=(1, 1))  # new weights copied over the old ones
-    assert weights_identity(tmp_path / "vae") != first
-    with pytest.raises(CheckpointError, match="no weights at"):
-        weights_identity(tmp_path / "missing")
+    first = w.weights_identity(tmp_path / "vae", memo)
+    reads = []
+    monkeypatch.setattr(w, "_sha256", lambda p, _sha=w._sha256: reads.append(p) or _sha(p))
+    assert w.weights_identity(tmp_path / "vae", memo) == first and reads == []  # memoised: nothing read
+    os.utime(weights, ns=(1, 1))  # touched, the same bytes: read again, the same weights
+    assert w.weights_identity(tmp_path / "vae", memo) == first and len(reads) == 1
+    weights.write_bytes(b"y" * 10)  # new weights of the same size, copied with their old times kept
+    os.utime(weights, ns=(1, 1))
+    assert w.weights_identity(tmp_path / "vae", memo) != first
+    assert w.weights_identity(tmp_path / "vae", None) == w.weights_identity(tmp_path / "vae", memo)
+    with pytest.raises(w.CheckpointError, match="no weights at"):
+        w.weights_identity(tmp_path / "missing", memo)
 
 
 def test_only_rank_0_loads_the_text_encoder_and_the_callers_random_stream_is_kept():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from longlive_core.latents.halo import encode_chunked, plan_chunks, receptive_field_latents, split_latents
-from longlive_core.models.checkpoint import CheckpointError
 from longlive_core.models.vae import build_vae, encode_video, load_vae
+from longlive_core.models.weights import CheckpointError
 
 
 @pytest.fixture(scope="module")

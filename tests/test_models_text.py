@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longlive_core.models.checkpoint import CheckpointError
 from longlive_core.models.text import EOS, ByteTokenizer, load_text_encoder, tiny_text_encoder
+from longlive_core.models.weights import CheckpointError
 
 
 def test_byte_tokenizer_needs_no_vocabulary():

@@ -171,6 +171,6 @@ def test_fast_detection_matches_plain_scenedetect_on_wider_video(tmp_path):
                                ShotSpec(30, 0.35, "circle", 3)))
     write_video(tmp_path / "w.mp4", spec, 24, 640, 384)
     plain = [a.frame_num for a, _ in detect(str(tmp_path / "w.mp4"), AdaptiveDetector(), backend="pyav")[1:]]
-    ours = detect_cuts(tmp_path / "w.mp4", ShotsConfig(), 24.0)
+    ours = detect_cuts(tmp_path / "w.mp4", ShotsConfig(), 24.0).cuts
     assert ours == plain == spec.cut_frames == [40, 75]
-    assert detect_cuts(tmp_path / "w.mp4", ShotsConfig(downscale=4), 24.0) == [40, 75]
+    assert detect_cuts(tmp_path / "w.mp4", ShotsConfig(downscale=4), 24.0).cuts == [40, 75]

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 from pathlib import Path
 
 import pandas as pd
 
 from longlive_core.config import ConfigError
-from longlive_core.data.captions import CaptionError, load_sidecar
-from longlive_core.data.sources import resolve_inside
-
-log = logging.getLogger(__name__)
+from longlive_core.data.captions import CaptionError, read_sidecar
+from longlive_core.data.roots import SourceError, resolve_inside
 
 SAMPLE_COLUMNS = ["sample_id", "video_id", "path", "shot_indices", "num_shots", "start_frame", "end_frame",
                   "duration_s", "shot_durations_s", "captions", "bucket", "sample_weight", "split"]
@@ -73,9 +70,12 @@ def bucket_of(duration: float, buckets: list[Bucket]) -> str | None:
 
 
 def shot_captions(shots: pd.DataFrame, manifest: pd.DataFrame, root: Path) -> list[str | None]:
-    """The caption whose sidecar interval overlaps each shot most (None: no caption)."""
-    sidecars = {}
-    info = manifest.set_index("video_id")
+    """The caption whose sidecar interval overlaps each shot most (None: no caption). Each sidecar
+    must still be the one ingest read (its digest is in the manifest): an edit made since is an
+    error that says to rerun ingest, never a caption the manifest does not account for."""
+    # a content's path with status ok stands for it: byte-identical copies are marked duplicate
+    info = manifest[manifest["status"] == "ok"].set_index("video_id")
+    sidecars: dict[str, object] = {}
     out: list[str | None] = []
     for r in shots.itertuples(index=False):
         if r.video_id not in sidecars:
@@ -83,9 +83,12 @@ def shot_captions(shots: pd.DataFrame, manifest: pd.DataFrame, root: Path) -> li
             row = info.loc[r.video_id]
             if row["caption_status"] == "ok" and isinstance(row["caption_path"], str):
                 try:
-                    sidecar = load_sidecar(resolve_inside(root, row["caption_path"]))
+                    sidecar, digest = read_sidecar(resolve_inside(root, row["caption_path"]))
                 except CaptionError as exc:
-                    log.warning("%s: %s", row["caption_path"], exc)
+                    digest = f"unreadable ({exc})"
+                if digest != row["caption_sha256"]:
+                    raise SourceError(f"{row['caption_path']} changed after ingest read it: rerun ingest "
+                                      "(`dvc repro` does) so the manifest records this version")
             sidecars[r.video_id] = sidecar
         sc = sidecars[r.video_id]
         out.append(sc.caption_for(r.start_s, r.end_s) if sc else None)

@@ -8,6 +8,7 @@ A shot gets the caption whose interval overlaps it most (ties: the earlier inter
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -69,10 +70,16 @@ def parse_sidecar(data: object, where: str = "sidecar") -> Sidecar:
     raise CaptionError(f"{where}: expected exactly one of 'caption' or 'shots'")
 
 
-def load_sidecar(path: str | Path) -> Sidecar:
+def read_sidecar(path: str | Path) -> tuple[Sidecar, str]:
+    """The parsed sidecar and the SHA-256 of its bytes (what the manifest records, so an edit is seen)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CaptionError(f"{path.name}: not readable JSON ({exc})") from exc
-    return parse_sidecar(data, path.name)
+    return parse_sidecar(data, path.name), hashlib.sha256(raw).hexdigest()
+
+
+def load_sidecar(path: str | Path) -> Sidecar:
+    return read_sidecar(path)[0]

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from longlive_core.io.atomic import atomic_path, write_bytes, write_json
-from longlive_core.shots.clips import iter_clip_frames, read_clip
+from longlive_core.shots.clips import clip_frames_at, read_clip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +56,9 @@ def contact_sheet(rows: pd.DataFrame, clips_dir: Path, frames_per_shot: int = 4,
     """One row of thumbnails per shot, labelled with its path, index and scores (RGB uint8)."""
     lines = []
     for r in rows.itertuples(index=False):
-        frames = list(iter_clip_frames(read_clip(clips_dir, r.clip_shard, r.clip_member)))
-        picks = [frames[int(i)] for i in np.linspace(0, len(frames) - 1, frames_per_shot)]
+        at = [int(i) for i in np.linspace(0, r.num_frames - 1, frames_per_shot)]
+        frames = clip_frames_at(read_clip(clips_dir, r.clip_shard, r.clip_member), at)
+        picks = [frames[i] for i in at]
         h = round(picks[0].shape[0] * thumb_w / picks[0].shape[1])
         thumbs = [cv2.resize(f, (thumb_w, h), interpolation=cv2.INTER_AREA) for f in picks]
         strip = np.concatenate(thumbs, axis=1)

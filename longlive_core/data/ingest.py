@@ -1,11 +1,15 @@
 """The ingest stage's logic: list a source, hash, probe, quarantine, de-duplicate, build the manifest.
 
+What is a video is decided by its content: every file with a video extension, or with none, is
+probed, and one that is not a video is quarantined with the reason.
+
 Work is remembered across runs in a small state directory, so a rerun only does what is new:
   hashes.parquet  SHA-256 per (path, fingerprint): a file is re-hashed only when it changed
-  probes.parquet  probe outcome per content hash: identical bytes are probed once, ever
+  probes.parquet  probe outcome per content hash and probe key (the probe's code and settings):
+                  identical bytes are probed once, until the probe itself changes
   canonical.parquet  which path stands for each content: an earlier file keeps status ok when
                    a copy of it arrives later, whatever the copy's name
-Both are checkpointed every ``checkpoint_every`` items with atomic writes, so a run killed
+They are checkpointed every ``checkpoint_every`` items with atomic writes, so a run killed
 halfway keeps what it finished and the rerun redoes only the rest.
 """
 from __future__ import annotations
@@ -14,26 +18,37 @@ import dataclasses
 import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pandas as pd
 
 from longlive_core.config import ConfigError
-from longlive_core.data.captions import CaptionError, load_sidecar
-from longlive_core.data.sources import Listing, S3Config, SourceFile
+from longlive_core.data.captions import CaptionError, read_sidecar, sidecar_path
+from longlive_core.data.listing import Listing, SourceFile
+from longlive_core.data.s3_mirror import S3Config
 from longlive_core.io.atomic import write_parquet
 from longlive_core.progress import Progress
+from longlive_core.tracking.lineage import code_digest, digest_json
 from longlive_core.video.probe import PROBE_COLUMNS, ProbeError, probe_video
 
 log = logging.getLogger(__name__)
 
-# Bump when the probe's fields or checks change: cached probe outcomes are then redone.
-PROBE_VERSION = 2
-
 MANIFEST_COLUMNS = ["video_id", "path", "status", "reason", "size_bytes", *PROBE_COLUMNS,
-                    "caption_path", "caption_status", "source"]
+                    "caption_path", "caption_status", "caption_sha256", "source"]
 STATUSES = ("ok", "quarantined", "duplicate")
+
+# The containers real collections hold; files with no extension are probed too.
+VIDEO_EXTENSIONS = [".mp4", ".m4v", ".mov", ".qt", ".mkv", ".webm", ".avi", ".divx", ".mpg", ".mpeg", ".m2v",
+                    ".vob", ".ts", ".m2ts", ".mts", ".mod", ".tod", ".flv", ".f4v", ".wmv", ".asf", ".3gp",
+                    ".3g2", ".ogv", ".mxf", ".dv"]
+
+
+def is_video_candidate(relpath: str, extensions: set[str]) -> bool:
+    """A file ingest probes: a video extension, or no extension at all (hidden files aside)."""
+    name = PurePosixPath(relpath).name
+    suffix = PurePosixPath(relpath).suffix.lower()
+    return suffix in extensions or (suffix == "" and not name.startswith("."))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +57,7 @@ class IngestConfig:
     cache_dir: str = "data/ingest/s3_cache"
     min_duration_s: float = 1.0
     decode_check_frames: int = 8
-    extensions: list[str] = dataclasses.field(
-        default_factory=lambda: [".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"])
+    extensions: list[str] = dataclasses.field(default_factory=lambda: list(VIDEO_EXTENSIONS))
     workers: int = 2
     checkpoint_every: int = 25
     s3: S3Config = dataclasses.field(default_factory=S3Config)
@@ -75,7 +89,7 @@ class IngestState:
     def __init__(self, state_dir: str | Path):
         self.dir = Path(state_dir)
         self.hashes: dict[tuple[str, str], str] = {}
-        self.probes: dict[tuple[str, int], dict[str, Any]] = {}
+        self.probes: dict[tuple[str, str], dict[str, Any]] = {}  # (video_id, probe key) -> outcome
         self.canonical: dict[str, str] = {}
         hp, pp = self.dir / "hashes.parquet", self.dir / "probes.parquet"
         cp = self.dir / "canonical.parquet"
@@ -86,10 +100,10 @@ class IngestState:
                 self.hashes[(r.path, r.fingerprint)] = r.video_id
         if pp.is_file():
             df = pd.read_parquet(pp)
-            df = df[df["probe_version"] == PROBE_VERSION]
-            for rec in df.astype(object).to_dict("records"):
-                rec = {k: (None if pd.isna(v) else v) for k, v in rec.items()}
-                self.probes[(rec.pop("video_id"), int(rec.pop("decode_check_frames")))] = rec
+            if "probe_key" in df:  # a state from before probe keys: everything is probed again
+                for rec in df.astype(object).to_dict("records"):
+                    rec = {k: (None if pd.isna(v) else v) for k, v in rec.items()}
+                    self.probes[(rec.pop("video_id"), rec.pop("probe_key"))] = rec
 
     def save(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -97,10 +111,9 @@ class IngestState:
                                for (p, f), v in sorted(self.hashes.items())],
                               columns=["path", "fingerprint", "video_id"])
         write_parquet(hashes, self.dir / "hashes.parquet")
-        probes = pd.DataFrame([{"video_id": vid, "decode_check_frames": n, **rec}
-                               for (vid, n), rec in sorted(self.probes.items(), key=lambda kv: kv[0])],
-                              columns=["video_id", "decode_check_frames", "probe_version", "error",
-                                       *PROBE_COLUMNS])
+        probes = pd.DataFrame([{"video_id": vid, "probe_key": key, **rec}
+                               for (vid, key), rec in sorted(self.probes.items(), key=lambda kv: kv[0])],
+                              columns=["video_id", "probe_key", "error", *PROBE_COLUMNS])
         write_parquet(probes, self.dir / "probes.parquet")
         canonical = pd.DataFrame(sorted(self.canonical.items()), columns=["video_id", "path"])
         write_parquet(canonical, self.dir / "canonical.parquet")
@@ -112,12 +125,17 @@ class IngestOutcome:
     counts: dict[str, int | float]
 
 
+def probe_key(cfg: IngestConfig) -> str:
+    """What a probe outcome depends on besides the bytes: the probe's code and its setting."""
+    return digest_json([code_digest("longlive_core.video.probe"), cfg.decode_check_frames])[:16]
+
+
 def _probe_record(path: Path, decode_frames: int) -> dict[str, Any]:
     try:
         result = probe_video(path, decode_frames)
     except ProbeError as exc:
-        return {"probe_version": PROBE_VERSION, "error": str(exc), **{c: None for c in PROBE_COLUMNS}}
-    return {"probe_version": PROBE_VERSION, "error": None, **result.as_row()}
+        return {"error": str(exc), **{c: None for c in PROBE_COLUMNS}}
+    return {"error": None, **result.as_row()}
 
 
 def _run_parallel(items: list, fn, workers: int, label: str, state: IngestState, every: int, on_done) -> None:
@@ -139,29 +157,30 @@ def _run_parallel(items: list, fn, workers: int, label: str, state: IngestState,
         state.save()
 
 
-def _caption_status(listing_paths: dict[str, SourceFile], video: SourceFile) -> tuple[str | None, str]:
-    rel = Path(video.relpath).with_suffix(".json").as_posix()
+def _caption(listing_paths: dict[str, SourceFile], video: SourceFile) -> tuple[str | None, str, str | None]:
+    """(sidecar path, caption status, SHA-256 of the sidecar) for a video."""
+    rel = sidecar_path(video.relpath).as_posix()
     side = listing_paths.get(rel)
     if side is None or side.local_path is None:
-        return None, "missing"
+        return None, "missing", None
     try:
-        load_sidecar(side.local_path)
+        _, digest = read_sidecar(side.local_path)
     except CaptionError as exc:
-        return rel, f"invalid: {exc}"
-    return rel, "ok"
+        return rel, f"invalid: {exc}", None
+    return rel, "ok", digest
 
 
 def ingest(listing: Listing, cfg: IngestConfig, state: IngestState, source_uri: str) -> IngestOutcome:
     exts = {e.lower() for e in cfg.extensions}
     by_path = {f.relpath: f for f in listing.files}
-    videos = [f for f in listing.files if Path(f.relpath).suffix.lower() in exts]
+    videos = [f for f in listing.files if is_video_candidate(f.relpath, exts)]
     video_paths = {v.relpath for v in videos}
-    sidecar_paths = {Path(p).with_suffix(".json").as_posix() for p in video_paths}
+    sidecar_paths = {sidecar_path(p).as_posix() for p in video_paths}
     known = sidecar_paths | video_paths
     other = [f.relpath for f in listing.files if f.relpath not in known]
     if other:
-        log.info("%d file(s) are neither videos (ingest.extensions) nor caption sidecars, not ingested: %s%s",
-                 len(other), ", ".join(other[:5]), " ..." if len(other) > 5 else "")
+        log.info("%d file(s) are neither videos (ingest.extensions, or no extension) nor caption sidecars, "
+                 "not ingested: %s%s", len(other), ", ".join(other[:5]), " ..." if len(other) > 5 else "")
 
     # 1. hash what is new or changed
     hash_errors: dict[str, str] = {}
@@ -202,13 +221,13 @@ def ingest(listing: Listing, cfg: IngestConfig, state: IngestState, source_uri: 
         if previous is not None and ids.get(previous) == vid:
             first_path[vid] = previous
     state.canonical = dict(first_path)
-    n_frames = cfg.decode_check_frames
-    to_probe = [by_path[p] for vid, p in first_path.items() if (vid, n_frames) not in state.probes]
+    key = probe_key(cfg)
+    to_probe = [by_path[p] for vid, p in first_path.items() if (vid, key) not in state.probes]
 
     def probed(v: SourceFile, rec: dict) -> None:
-        state.probes[(ids[v.relpath], n_frames)] = rec
+        state.probes[(ids[v.relpath], key)] = rec
 
-    _run_parallel(to_probe, lambda v: _probe_record(v.local_path, n_frames), cfg.workers,
+    _run_parallel(to_probe, lambda v: _probe_record(v.local_path, cfg.decode_check_frames), cfg.workers,
                   "ingest: probing", state, cfg.checkpoint_every, probed)
 
     # 3. one manifest row per video file
@@ -217,7 +236,7 @@ def ingest(listing: Listing, cfg: IngestConfig, state: IngestState, source_uri: 
         vid = ids.get(v.relpath)
         row: dict[str, Any] = {"video_id": vid, "path": v.relpath, "size_bytes": v.size,
                                "source": source_uri, **{c: None for c in PROBE_COLUMNS}}
-        row["caption_path"], row["caption_status"] = _caption_status(by_path, v)
+        row["caption_path"], row["caption_status"], row["caption_sha256"] = _caption(by_path, v)
         if v.problem:
             status, reason = "quarantined", v.problem
         elif v.size == 0:
@@ -225,7 +244,7 @@ def ingest(listing: Listing, cfg: IngestConfig, state: IngestState, source_uri: 
         elif v.relpath in hash_errors:
             status, reason = "quarantined", hash_errors[v.relpath]
         else:
-            rec = state.probes[(vid, n_frames)]
+            rec = state.probes[(vid, key)]
             row.update({c: rec[c] for c in PROBE_COLUMNS})
             canonical = first_path[vid]
             if rec["error"]:
@@ -245,7 +264,7 @@ def ingest(listing: Listing, cfg: IngestConfig, state: IngestState, source_uri: 
     current = {(v.relpath, v.fingerprint) for v in videos}
     state.hashes = {k: h for k, h in state.hashes.items() if k in current}
     live = set(ids.values())
-    state.probes = {k: r for k, r in state.probes.items() if k[0] in live}
+    state.probes = {k: r for k, r in state.probes.items() if k[0] in live and k[1] == key}
     state.save()
     manifest = pd.DataFrame(rows, columns=MANIFEST_COLUMNS)
     manifest = manifest.astype({"size_bytes": "int64", "duration_s": "float64", "fps": "float64",

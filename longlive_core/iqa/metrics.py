@@ -53,14 +53,12 @@ class IQAConfig:
                     "offline: fetch pyiqa's ckpt_koniq10k.pt on a machine with internet, put it under "
                     "models/maniqa/ and set this path (or use metric: piqe, which needs no weights)")
 
-    def cache_key(self) -> dict:
-        """What the raw scores depend on (thresholds do not: changing them re-scores nothing)."""
-        key = {k: getattr(self, k) for k in ("metric", "frames_per_shot", "aggregate", "motion_width")}
+    def score_params(self) -> dict:
+        """The params raw scores depend on (thresholds do not: changing them re-scores nothing)."""
+        keys = ["metric", "frames_per_shot", "aggregate", "motion_width"]
         if self.metric == "maniqa":
-            st = Path(self.maniqa_checkpoint).stat()  # type: ignore[arg-type]
-            key.update(crops=self.crops, checkpoint=str(self.maniqa_checkpoint), size=st.st_size,
-                       mtime=st.st_mtime_ns)
-        return key
+            keys.append("crops")
+        return {k: getattr(self, k) for k in keys}
 
 
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -1,7 +1,9 @@
 """Quality and motion scores per shot, and the keep decision.
 
-Raw scores are cached per shot under ``state_dir`` keyed by ``IQAConfig.cache_key``: changing a
-threshold re-decides ``kept`` without re-scoring anything, which is how curators tune.
+Raw scores are cached per clip under ``state_dir``, by the clip's content digest and a key of what
+else they depend on (``score_key``: the scoring params, the metric's weights, the scoring code):
+re-encoded clips or new weights are scored afresh, while changing a threshold re-decides ``kept``
+without scoring anything, which is how curators tune.
 """
 from __future__ import annotations
 
@@ -12,17 +14,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from longlive_core.io.atomic import write_parquet
+from longlive_core.io.parts import PartTable
 from longlive_core.iqa.metrics import IQAConfig, QualityMetric
 from longlive_core.iqa.motion import motion_score
+from longlive_core.models.weights import weights_identity
 from longlive_core.progress import Progress
-from longlive_core.shots.clips import iter_clip_frames, read_clip
-from longlive_core.tracking.lineage import digest_json
+from longlive_core.shots.clips import clip_frames_at, read_clip
+from longlive_core.tracking.lineage import code_digest, digest_json
 
 log = logging.getLogger(__name__)
 
 SCORE_COLUMNS = ["iqa_metric", "iqa_score", "motion_score", "kept", "reject_reason"]
-_KEY = ["video_id", "shot_index", "start_frame", "end_frame"]
+CACHE_COLUMNS = ["clip_sha256", "key", "iqa_score", "motion_score"]
+
+
+def score_key(cfg: IQAConfig) -> str:
+    """What a clip's raw scores depend on besides its bytes (thresholds do not)."""
+    weights = weights_identity(cfg.maniqa_checkpoint) if cfg.metric == "maniqa" else None
+    return digest_json([cfg.score_params(), weights, code_digest("longlive_core.iqa.score")])
 
 
 def sample_positions(num_frames: int, k: int) -> list[int]:
@@ -48,23 +57,18 @@ class IQAOutcome:
 
 def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, metric: QualityMetric,
                 state_dir: Path, checkpoint_every: int = 200) -> IQAOutcome:
-    key = digest_json(cfg.cache_key())
-    cache_path = state_dir / "scores.parquet"
-    cache = pd.read_parquet(cache_path) if cache_path.is_file() else pd.DataFrame(
-        columns=[*_KEY, "key", "iqa_score", "motion_score"])
+    key = score_key(cfg)
+    table = PartTable(state_dir, "scores", CACHE_COLUMNS)
+    cache = table.read()
     cache = cache[cache["key"] == key]
-    known = {tuple(r[:4]): (r[4], r[5]) for r in cache[[*_KEY, "iqa_score", "motion_score"]].itertuples(index=False)}
-    todo = [r for r in shots.itertuples(index=False)
-            if (r.video_id, r.shot_index, r.start_frame, r.end_frame) not in known]
+    known = dict(zip(cache["clip_sha256"], zip(cache["iqa_score"], cache["motion_score"])))
+    todo = [r for r in shots.drop_duplicates("clip_sha256").itertuples(index=False) if r.clip_sha256 not in known]
     progress = Progress(log, "iqa_filter", len(todo), "shots")
     new_rows: list[dict] = []
 
     def flush() -> None:
-        nonlocal cache
-        if new_rows:
-            cache = pd.concat([cache, pd.DataFrame(new_rows)], ignore_index=True)
-            new_rows.clear()
-        write_parquet(cache, cache_path)
+        table.append(pd.DataFrame(new_rows, columns=CACHE_COLUMNS))
+        new_rows.clear()
 
     # shots are scored a batch of frames at a time; a batch holds frames of one size only
     batch: list[tuple[object, list[np.ndarray], float]] = []
@@ -78,10 +82,8 @@ def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, metric: Qu
         for shot, fs, motion in batch:
             s = _aggregate(values[pos:pos + len(fs)], cfg.aggregate, metric.lower_better)
             pos += len(fs)
-            new_rows.append({"video_id": shot.video_id, "shot_index": shot.shot_index,
-                             "start_frame": shot.start_frame, "end_frame": shot.end_frame, "key": key,
-                             "iqa_score": s, "motion_score": motion})
-            known[(shot.video_id, shot.shot_index, shot.start_frame, shot.end_frame)] = (s, motion)
+            new_rows.append({"clip_sha256": shot.clip_sha256, "key": key, "iqa_score": s, "motion_score": motion})
+            known[shot.clip_sha256] = (s, motion)
             progress.advance()
         batch.clear()
         if len(new_rows) >= checkpoint_every:
@@ -90,10 +92,8 @@ def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, metric: Qu
     try:
         for shot in todo:
             positions = sample_positions(shot.num_frames, cfg.frames_per_shot)
-            wanted = set(positions) | {p + 1 for p in positions}
-            decoded = {i: f for i, f in enumerate(iter_clip_frames(read_clip(clips_dir, shot.clip_shard,
-                                                                             shot.clip_member)))
-                       if i in wanted}
+            decoded = clip_frames_at(read_clip(clips_dir, shot.clip_shard, shot.clip_member),
+                                     set(positions) | {p + 1 for p in positions})
             frames = [decoded[p] for p in positions]
             pairs = [(decoded[p], decoded[p + 1]) for p in positions if p + 1 in decoded]
             motion = motion_score(pairs, cfg.motion_width)
@@ -104,11 +104,14 @@ def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, metric: Qu
         score_batch()
     finally:
         flush()
+    # keep what today's shots use, so the cache does not grow with every re-split
+    table.compact(pd.DataFrame([{"clip_sha256": c, "key": key, "iqa_score": v[0], "motion_score": v[1]}
+                                for c, v in known.items() if c in set(shots["clip_sha256"])], columns=CACHE_COLUMNS))
 
     threshold = cfg.thresholds[cfg.metric]
     out = shots.copy()
     out["iqa_metric"] = cfg.metric
-    vals = [known[(r.video_id, r.shot_index, r.start_frame, r.end_frame)] for r in shots.itertuples(index=False)]
+    vals = [known[c] for c in shots["clip_sha256"]]
     out["iqa_score"] = [v[0] for v in vals]
     out["motion_score"] = [v[1] for v in vals]
     direction = "<=" if metric.lower_better else ">="

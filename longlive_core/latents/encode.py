@@ -34,22 +34,18 @@ from longlive_core.config import ConfigError
 from longlive_core.devices import pick_device
 from longlive_core.io.atomic import TMP_PREFIX, atomic_path, write_parquet
 from longlive_core.latents.halo import Chunk, plan_chunks, receptive_field_latents
-from longlive_core.models.checkpoint import weights_identity
 from longlive_core.models.text import load_text_encoder, tiny_text_encoder
 from longlive_core.models.vae import TEMPORAL_STRIDE, build_vae, encode_video, frames_to_input, load_vae
+from longlive_core.models.weights import weights_identity
 from longlive_core.progress import Progress
 from longlive_core.shots.clips import iter_timed_frames, read_clip
-from longlive_core.tracking.lineage import digest_json
+from longlive_core.tracking.lineage import code_digest, digest_json
 from longlive_core.video.normalize import ClipFormat, ClipRejected, normalize_clip
 
 log = logging.getLogger(__name__)
 
 INDEX_COLUMNS = ["sample_id", "shot", "video_id", "shot_index", "shard", "latents_key", "text_key", "latent_shape",
                  "num_frames", "caption", "split", "encode_key", "fingerprint"]
-
-
-# Bump when normalisation or encoding code changes what is stored: every sample is then redone.
-ENCODE_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +74,17 @@ class EncodeLatentsConfig:
             raise ConfigError(f"{where}.clip.temporal_stride must be the VAE's, {TEMPORAL_STRIDE}")
         if self.clip.height % 32 or self.clip.width % 32:
             raise ConfigError(f"{where}.clip height and width must be multiples of 32 (VAE stride 16, DiT patch 2)")
+        for key in ("vae", "text_encoder"):
+            path = getattr(self, key)
+            if path != "tiny" and not Path(path).is_dir():
+                raise ConfigError(f"{where}.{key} {path!r} is not a folder: put the model there (the Diffusers or "
+                                  "transformers layout: config.json and safetensors), or set it to tiny for the demo")
 
-    def encode_key(self) -> str:
-        """What the stored latents depend on; a change re-encodes everything."""
+    def encode_params(self) -> dict:
+        """The params the stored tensors depend on (not the device, selection or shard sizes)."""
         c = self.clip
-        return (f"v={ENCODE_VERSION};vae={self.vae};text={self.text_encoder}:{self.text_max_length};fps={c.fps};"
-                f"{c.height}x{c.width};fit={c.fit};portrait={c.portrait};halo={self.halo};store={self.store_dtype}")
+        return {"vae": self.vae, "text_encoder": self.text_encoder, "text_max_length": self.text_max_length,
+                "clip": [c.fps, c.height, c.width, c.fit, c.portrait], "halo": self.halo, "store": self.store_dtype}
 
 
 @dataclasses.dataclass
@@ -187,30 +188,19 @@ def select_samples(samples: pd.DataFrame, cfg: EncodeLatentsConfig) -> pd.DataFr
     return picked.head(cfg.max_samples) if cfg.max_samples else picked
 
 
-def sample_fingerprints(samples: pd.DataFrame, shot_rows: pd.DataFrame, clips_dir: Path, key: str) -> dict[str, str]:
-    """sample_id -> digest of everything its stored tensors depend on (the split is not: it is metadata).
-    A clip is named by its shard, member and frame range, and its shard file by size and mtime (a
-    re-split that reuses shard names changes those)."""
+def sample_fingerprints(samples: pd.DataFrame, shot_rows: pd.DataFrame, key: str) -> dict[str, str]:
+    """sample_id -> digest of everything its stored tensors depend on (the split is not: it is
+    metadata): the encode key, its clips' contents and its captions."""
     out = {}
-    shard_stats: dict[str, list[int] | None] = {}
     for sample in samples.itertuples(index=False):
-        shots = []
+        clips = []
         for shot_index in sample.shot_indices:
             try:
-                row = shot_rows.loc[(sample.video_id, int(shot_index))]
+                clips.append(shot_rows.loc[(sample.video_id, int(shot_index))].clip_sha256)
             except KeyError:
-                shots.append(None)  # fails at encode time and is reported there
-                continue
-            if row.clip_shard not in shard_stats:
-                try:
-                    st = (clips_dir / str(row.clip_shard)).stat()
-                    shard_stats[row.clip_shard] = [st.st_size, st.st_mtime_ns]
-                except (OSError, TypeError):
-                    shard_stats[row.clip_shard] = None
-            shots.append([row.clip_shard, row.clip_member, int(row.start_frame), int(row.end_frame),
-                          shard_stats[row.clip_shard]])
+                clips.append(None)  # fails at encode time and is reported there
         captions = list(sample.captions) if sample.captions is not None else None
-        out[sample.sample_id] = digest_json([key, shots, captions])
+        out[sample.sample_id] = digest_json([key, clips, captions])
     return out
 
 
@@ -251,11 +241,13 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
     vae, text = make_models(cfg, device, comm.rank)
     halo = cfg.halo if cfg.halo is not None else receptive_field_latents(vae)
     store = getattr(torch, cfg.store_dtype)
-    key = (cfg.encode_key() + f";halo_used={halo};vae_weights={weights_identity(cfg.vae)}"
-           f";text_weights={weights_identity(cfg.text_encoder)};text_dtype={text_dtype(device)}")
+    # what every stored tensor depends on besides its clip and caption: the params, the weights'
+    # contents and the code that makes them (the same files dvc.yaml lists for the stage)
+    key = digest_json([cfg.encode_params(), halo, weights_identity(cfg.vae), weights_identity(cfg.text_encoder),
+                       str(text_dtype(device)), code_digest("longlive_core.latents.encode")])
     picked = select_samples(samples, cfg)
     shot_rows = shots.set_index(["video_id", "shot_index"])
-    fingerprints = sample_fingerprints(samples, shot_rows, clips_dir, key)
+    fingerprints = sample_fingerprints(samples, shot_rows, key)
     done = pd.DataFrame(columns=INDEX_COLUMNS)
     stale = dropped = 0
     if comm.rank == 0:

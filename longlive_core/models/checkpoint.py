@@ -21,12 +21,7 @@ from safetensors.torch import load_file, save_file
 from longlive_core.io.atomic import TMP_PREFIX, atomic_path, write_json
 from longlive_core.models.config import DiTConfig
 from longlive_core.models.wan_dit import WanDiT
-from longlive_core.tracking.lineage import digest_lines
-
-
-class CheckpointError(RuntimeError):
-    pass
-
+from longlive_core.models.weights import CheckpointError
 
 # Diffusers name -> original Wan name, applied in order to each key (first match of each pair)
 _DIFFUSERS_TO_WAN = (
@@ -72,29 +67,6 @@ def _missing_weights(path: Path) -> CheckpointError:
         f"no DiT weights at {path}: put the Wan2.2-TI2V-5B transformer there (the original layout's "
         "diffusion_pytorch_model*.safetensors with its .index.json, or a Diffusers transformer/ folder), "
         "or point the model path in params.yaml at where they are")
-
-
-def require_pretrained_dir(path: Path, what: str, how: str) -> None:
-    """A from_pretrained folder must hold config.json and safetensors weights; else say what to put there."""
-    if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
-        raise CheckpointError(f"no {what} at {path}: {how}, or point its path in params.yaml at where it is")
-
-
-def weights_identity(path: str | Path) -> str:
-    """A short digest of a weights folder's (or file's) names, sizes and modification times, or "tiny"
-    for the built-in random models: new weights at the same path change it, without reading gigabytes.
-    A copy that only changes modification times changes it too (a needless redo, never a stale reuse)."""
-    if str(path) == "tiny":
-        return "tiny"
-    path = Path(path)
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    if not files:
-        raise CheckpointError(f"no weights at {path}: point its path in params.yaml at the model's folder")
-    lines = []
-    for f in files:
-        st = f.stat()
-        lines.append(f"{f.relative_to(path) if f != path else f.name}\t{st.st_size}\t{st.st_mtime_ns}")
-    return digest_lines(lines)[:16]
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from longlive_core.models.checkpoint import require_pretrained_dir
+from longlive_core.models.weights import require_pretrained_dir
 
 PAD, EOS, BYTE_OFFSET = 0, 1, 3
 

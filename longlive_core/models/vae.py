@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from longlive_core.models.checkpoint import require_pretrained_dir
+from longlive_core.models.weights import require_pretrained_dir
 
 _WAN22 = dict(z_dim=48, is_residual=True, in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16,
               scale_factor_temporal=4, dim_mult=[1, 2, 4, 4], num_res_blocks=2, temperal_downsample=[False, True, True],

@@ -2,16 +2,19 @@
 
 A shard is an uncompressed tar of ``<video_id>/<shot_index>.mp4`` members (H.264, yuv420p, every
 clip starting on a keyframe). Shards are written under a temporary name and renamed when closed,
-so a shard on disk is always complete. ``read_clip_frames`` gives back exactly the frames
-[start_frame, end_frame) of the source; with ``clip_crf: 0`` they are bit-identical in YUV.
+so a shard on disk is always complete; one that fails while open is deleted, never published. A
+clip holds exactly the frames [start_frame, end_frame) of the source; with ``clip_crf: 0`` they are
+bit-identical in YUV. 4:2:0 needs even sizes, so a source of odd width or height (853x480 is a
+standard 16:9 size) loses its last column or row.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -24,8 +27,17 @@ from longlive_core.io.atomic import TMP_PREFIX
 # Clip timestamps keep the source's, relative to the shot's first frame, in this time base: a
 # variable-frame-rate source stays one, so the latent stage can resample by timestamps.
 CLIP_TIME_BASE = Fraction(1, 90000)
-# Bumped when what a clip holds changes (2: source timing and display rotation kept).
-CLIP_FORMAT = 2
+
+
+def even_yuv420p(frame: av.VideoFrame) -> np.ndarray:
+    """The frame as PyAV's yuv420p array (Y rows, then U, then V), cut to even width and height."""
+    if frame.format.name != "yuv420p":
+        frame = frame.reformat(format="yuv420p")  # swscale converts any size, odd ones too
+    w, h = frame.width & ~1, frame.height & ~1
+    planes = [np.frombuffer(p, np.uint8).reshape(p.height, p.line_size) for p in frame.planes]
+    y = planes[0][:h, :w]
+    u, v = (c[: h // 2, : w // 2] for c in planes[1:])
+    return np.concatenate([y.ravel(), u.ravel(), v.ravel()]).reshape(h * 3 // 2, w)
 
 
 class ClipEncoder:
@@ -36,7 +48,7 @@ class ClipEncoder:
         self.fps = Fraction(fps).limit_denominator(1001 * 1000)
         self.container = av.open(self.buf, mode="w", format="mp4")
         self.stream = self.container.add_stream("libx264", rate=self.fps)
-        self.stream.width, self.stream.height = width, height
+        self.stream.width, self.stream.height = width & ~1, height & ~1
         self.stream.pix_fmt = "yuv420p"
         self.stream.codec_context.options = {"crf": str(crf), "preset": preset, "threads": "1",
                                              "x264-params": "log-level=warning"}
@@ -49,9 +61,7 @@ class ClipEncoder:
         self.last_pts = -1
 
     def add(self, frame: av.VideoFrame) -> None:
-        if frame.format.name != "yuv420p":
-            frame = frame.reformat(format="yuv420p")
-        out = av.VideoFrame.from_ndarray(frame.to_ndarray(format="yuv420p"), format="yuv420p")
+        out = av.VideoFrame.from_ndarray(even_yuv420p(frame), format="yuv420p")
         t = frame.time if frame.time is not None else self.n / float(self.fps)
         self.t0 = t if self.t0 is None else self.t0
         pts = max(round((t - self.t0) / CLIP_TIME_BASE), self.last_pts + 1)  # strictly increasing
@@ -130,6 +140,15 @@ class ShardWriter:
     def full(self) -> bool:
         return self._tar is not None and self.size >= self.max_bytes
 
+    def abort(self) -> None:
+        """Drops the open shard: a run that fails while writing (a full disk, Ctrl-C) publishes
+        nothing half-written, and the videos in that shard are split again next time."""
+        if self._tar is not None:
+            with contextlib.suppress(OSError):  # closing writes the tar's end blocks: the disk may be full
+                self._tar.close()
+            self._tmp.unlink(missing_ok=True)  # type: ignore[union-attr]
+        self._tar = self._tmp = None
+
     def close(self) -> str | None:
         """Finishes the open shard (if any) and returns its name."""
         if self._tar is None:
@@ -156,6 +175,23 @@ def iter_clip_frames(data: bytes, fmt: str = "rgb24") -> Iterator[np.ndarray]:
     with av.open(io.BytesIO(data)) as container:
         for frame in container.decode(video=0):
             yield frame.to_ndarray(format=fmt)
+
+
+def clip_frames_at(data: bytes, indices: Iterable[int], fmt: str = "rgb24") -> dict[int, np.ndarray]:
+    """The clip's frames at ``indices`` (those it has): frames up to the last wanted one are decoded,
+    as inter frames need, but only the wanted ones are converted, and nothing after them decoded."""
+    wanted = set(indices)
+    out: dict[int, np.ndarray] = {}
+    if not wanted:
+        return out
+    last = max(wanted)
+    with av.open(io.BytesIO(data)) as container:
+        for i, frame in enumerate(container.decode(video=0)):
+            if i in wanted:
+                out[i] = frame.to_ndarray(format=fmt)
+            if i >= last:
+                break
+    return out
 
 
 def iter_timed_frames(source: bytes | str | Path) -> Iterator[tuple[np.ndarray, float, int]]:

@@ -9,10 +9,6 @@ import cv2
 import numpy as np
 
 from longlive_core.config import ConfigError
-from longlive_core.shots.clips import CLIP_FORMAT
-
-# Bump when detect_cuts or the clip encoding changes what they produce: earlier results are redone.
-DETECT_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +39,11 @@ class ShotsConfig:
         if self.workers < 1 or self.shard_max_mb <= 0 or self.min_scene_len < 1 or self.downscale < 0:
             raise ConfigError(f"{where}: workers and min_scene_len must be >= 1, shard_max_mb > 0, downscale >= 0")
 
-    def detection_key(self) -> dict:
-        """What earlier detections and clips depend on: these params and the detection code's version."""
+    def result_params(self) -> dict:
+        """The params earlier detections and clips depend on (not workers, executor or shard sizes)."""
         keep = ("detector", "adaptive_threshold", "window_width", "min_content_val", "content_threshold",
                 "min_scene_len", "downscale", "min_shot_s", "max_shot_s", "clip_crf", "clip_preset")
-        return {"detect_version": DETECT_VERSION, "clip_format": CLIP_FORMAT, **{k: getattr(self, k) for k in keep}}
+        return {k: getattr(self, k) for k in keep}
 
 
 def make_detector(cfg: ShotsConfig):
@@ -78,27 +74,41 @@ def _small_bgr(frame, step: int) -> np.ndarray:
     return cv2.cvtColor(cv2.merge([ys, vs, us]), cv2.COLOR_YCrCb2BGR)
 
 
-def detect_cuts(path: str | Path, cfg: ShotsConfig, fps: float) -> list[int]:
-    """Decoded-frame index of the first frame of every shot but the first; [] for one shot.
+@dataclasses.dataclass(frozen=True)
+class Detection:
+    cuts: list[int]  # decoded-frame index of the first frame of every shot but the first
+    times: list[float]  # every decoded frame's time in seconds, relative to the first frame
 
-    Runs PySceneDetect's detector on every decoded frame, shrunk to about 256 px wide (or by
+
+def detect_cuts(path: str | Path, cfg: ShotsConfig, fps: float) -> Detection:
+    """Runs PySceneDetect's detector on every decoded frame, shrunk to about 256 px wide (or by
     ``cfg.downscale``) straight from the decoder's planes, with H.264's deblocking filter skipped:
     neither changes what a 256-px colour-difference detector sees, and together they make
     detection about 1.7x cheaper than ``scenedetect.detect`` (bench/shots_throughput.py).
     ``fps`` is the rate ingest measured, so time-based detector settings mean the same everywhere.
+    Frame times come from the frames' own timestamps (a stream may start late or change rate).
     """
     from scenedetect import FrameTimecode
 
     detector = make_detector(cfg)
     cuts = []
-    index = 0
+    times: list[float] = []
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         stream.codec_context.options = {"skip_loop_filter": "all"}
         width = stream.codec_context.width
         step = cfg.downscale or max(1, width // 256)
         for frame in container.decode(stream):
+            index = len(times)
+            times.append(frame_time(frame, times, fps))
             cuts += detector.process_frame(FrameTimecode(index, fps), _small_bgr(frame, step))
-            index += 1
-        cuts += detector.post_process(FrameTimecode(index, fps))
-    return sorted({c.frame_num for c in cuts if 0 < c.frame_num < index})
+        cuts += detector.post_process(FrameTimecode(len(times), fps))
+    t0 = times[0] if times else 0.0
+    return Detection(sorted({c.frame_num for c in cuts if 0 < c.frame_num < len(times)}), [t - t0 for t in times])
+
+
+def frame_time(frame: av.VideoFrame, earlier: list[float], fps: float) -> float:
+    """The frame's presentation time; a frame without one (some AVI decoders) follows the last by 1/fps."""
+    if frame.time is not None:
+        return float(frame.time)
+    return earlier[-1] + 1.0 / fps if earlier else 0.0

@@ -1,38 +1,47 @@
 """Splitting ingested videos into shots: detection, length rules, clip shards, incremental state.
 
-``split_video`` is the per-video work (pure: a path in, shots and clip bytes out) and runs in
+``split_video`` is the per-video work (pure: a path in, shot rows and clip bytes out) and runs in
 whatever executor the stage is given. ``split_videos`` drives it over a manifest and keeps the
-state that makes reruns incremental: a video is done once its clips sit in a closed shard and
-its rows in ``state/``; a changed detection param (``ShotsConfig.detection_key``) redoes all.
-A video that fails is reported in the rejected table and tried again on the next run.
+state that makes reruns incremental: a video is done once its clips sit in a closed shard and its
+rows in ``state/``. What a video's rows depend on besides its bytes (the shots params that shape
+them and the code that makes them, ``split_key``) keys the whole state: a change redoes every
+video. A video that fails is reported in the rejected table and tried again on the next run.
+Shards that no row of a current video refers to (old settings, videos gone from the manifest)
+are deleted at the end of a run.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
 
-from longlive_core.data.sources import resolve_inside
-from longlive_core.io.atomic import write_json, write_parquet
+from longlive_core.data.roots import resolve_inside
+from longlive_core.io.atomic import write_json
+from longlive_core.io.parts import PartTable
 from longlive_core.parallel import Executor
 from longlive_core.progress import Progress
 from longlive_core.shots.clips import ShardWriter, cut_clips
 from longlive_core.shots.detect import ShotsConfig, detect_cuts
-from longlive_core.shots.rules import Piece, apply_length_rules, shots_from_cuts
-from longlive_core.tracking.lineage import digest_json
+from longlive_core.shots.rules import apply_length_rules, shots_from_cuts
+from longlive_core.tracking.lineage import code_digest, digest_json
 
 log = logging.getLogger(__name__)
 
 # scene_index: the detected shot a row comes from; rows of one scene are pieces of a long shot.
-# Times are frame / fps: constant frame rate is assumed (variable rates are resampled later).
+# Times (start_s, end_s) come from the frames' timestamps, relative to the video's first frame.
 SHOT_COLUMNS = ["video_id", "shot_index", "scene_index", "start_frame", "end_frame", "start_s", "end_s",
-                "duration_s", "num_frames", "fps", "path", "clip_shard", "clip_member"]
+                "duration_s", "num_frames", "fps", "path", "clip_shard", "clip_member", "clip_sha256"]
 REJECT_COLUMNS = ["video_id", "path", "shot_index", "scene_index", "start_frame", "end_frame", "start_s",
                   "end_s", "duration_s", "reason"]
+STATE_COLUMNS = ["video_id", "shot_index", "scene_index", "start_frame", "end_frame", "start_s", "end_s",
+                 "reason", "clip_shard", "clip_member", "clip_sha256"]
+SHARD_NAME = re.compile(r"shard-\d+\.tar")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +49,7 @@ class VideoJob:
     video_id: str
     path: str  # absolute, already checked to lie inside the source root
     relpath: str
-    fps: float
+    fps: float  # the average rate ingest measured: it turns the shot-length rules into frames
     num_frames: int
     cfg: ShotsConfig
 
@@ -49,8 +58,14 @@ class VideoJob:
 class VideoShots:
     job: VideoJob
     cuts: list[int]
-    pieces: list[Piece]
-    clips: dict[int, bytes]
+    rows: list[dict]  # STATE_COLUMNS but the shard, which the writer assigns
+    clips: dict[int, bytes]  # shot_index -> clip bytes, for the usable shots
+
+
+def split_key(cfg: ShotsConfig) -> str:
+    """What every video's rows and clips depend on besides its bytes: the params that shape them
+    and the code that makes them (the same files dvc.yaml lists for the stage)."""
+    return digest_json([cfg.result_params(), code_digest("longlive_core.shots.split")])
 
 
 def frame_limits(cfg: ShotsConfig, fps: float) -> tuple[int, int]:
@@ -58,42 +73,62 @@ def frame_limits(cfg: ShotsConfig, fps: float) -> tuple[int, int]:
 
 
 def split_video(job: VideoJob) -> VideoShots:
-    cuts = detect_cuts(job.path, job.cfg, job.fps)
+    detection = detect_cuts(job.path, job.cfg, job.fps)
+    times = detection.times
+    n = len(times)
+    if n == 0:
+        raise ValueError("no frame decodes")
+    # the last frame lasts as long as the typical frame before it
+    last = sorted(b - a for a, b in zip(times, times[1:]))[(n - 1) // 2] if n > 1 else 1.0 / job.fps
+    ends = [*times[1:], times[-1] + last]
     min_f, max_f = frame_limits(job.cfg, job.fps)
-    pieces = apply_length_rules(shots_from_cuts(job.num_frames, cuts), min_f, max_f)
+    pieces = apply_length_rules(shots_from_cuts(n, detection.cuts), min_f, max_f)
     usable = {i: (p.start_frame, p.end_frame) for i, p in enumerate(pieces) if p.reason is None}
     decoded, clips = cut_clips(job.path, usable, job.fps, job.cfg.clip_crf, job.cfg.clip_preset)
-    if decoded != job.num_frames:
-        raise ValueError(f"decoded {decoded} frames but ingest counted {job.num_frames} packets")
-    return VideoShots(job, cuts, pieces, clips)
+    if decoded != n:
+        raise ValueError(f"the clip pass decoded {decoded} frames, the detection pass {n}")
+    rows = []
+    for i, piece in enumerate(pieces):
+        clip = clips.get(i)
+        rows.append({"video_id": job.video_id, "shot_index": i, "scene_index": piece.scene_index,
+                     "start_frame": piece.start_frame, "end_frame": piece.end_frame,
+                     "start_s": times[piece.start_frame], "end_s": ends[piece.end_frame - 1], "reason": piece.reason,
+                     "clip_member": f"{job.video_id}/{i:04d}.mp4" if clip is not None else None,
+                     "clip_sha256": hashlib.sha256(clip).hexdigest() if clip is not None else None})
+    return VideoShots(job, detection.cuts, rows, clips)
 
 
 class ShotsState:
-    """Rows of every finished video, kept across runs under ``state_dir``."""
+    """Rows of every finished video, kept across runs under ``state_dir`` (a part file per closed
+    shard, folded into one at the end of a run) with the key they were made under."""
 
-    def __init__(self, state_dir: str | Path, key: dict):
-        self.dir = Path(state_dir)
-        self.key = digest_json(key)
-        self.rows = pd.DataFrame(columns=["video_id", "shot_index", "scene_index", "start_frame", "end_frame",
-                                          "reason", "clip_shard", "clip_member"])
-        meta = self.dir / "key.json"
-        if meta.is_file() and json.loads(meta.read_text()).get("key") == self.key:
-            if (self.dir / "pieces.parquet").is_file():
-                self.rows = pd.read_parquet(self.dir / "pieces.parquet")
-        elif meta.is_file():
-            log.info("shots params changed since the last run: every video is split again")
+    def __init__(self, state_dir: str | Path, key: str):
+        self.table = PartTable(state_dir, "pieces", STATE_COLUMNS)
+        meta = Path(state_dir) / "key.json"
+        if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
+            self.rows = self.table.read()
+        else:
+            if self.table.files():
+                log.info("shots params or code changed since the last run: every video is split again")
+            self.table.clear()
+            self.rows = pd.DataFrame(columns=STATE_COLUMNS)
+            write_json({"key": key}, meta)
 
     @property
     def done(self) -> set[str]:
         return set(self.rows["video_id"])
 
-    def add(self, rows: list[dict]) -> None:
+    def append(self, rows: list[dict]) -> None:
+        """Records finished videos (their shard is closed)."""
         if rows:
-            self.rows = pd.concat([self.rows, pd.DataFrame(rows)], ignore_index=True)
+            part = pd.DataFrame(rows, columns=STATE_COLUMNS)
+            self.table.append(part)
+            self.rows = pd.concat([self.rows, part], ignore_index=True)
 
-    def save(self) -> None:
-        write_parquet(self.rows, self.dir / "pieces.parquet")
-        write_json({"key": self.key}, self.dir / "key.json")
+    def compact(self, keep_videos: set[str]) -> None:
+        """Keeps only the rows of ``keep_videos``, in one file."""
+        self.rows = self.rows[self.rows["video_id"].isin(keep_videos)].reset_index(drop=True)
+        self.table.compact(self.rows)
 
 
 @dataclasses.dataclass
@@ -103,17 +138,10 @@ class ShotsOutcome:
     counts: dict[str, float]
 
 
-def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir: Path, clips_dir: Path,
-                 executor: Executor) -> ShotsOutcome:
-    ok = manifest[manifest["status"] == "ok"]
-    state = ShotsState(state_dir, cfg.detection_key())
-    todo = [VideoJob(r.video_id, str(resolve_inside(root, r.path)), r.path, float(r.fps), int(r.num_frames), cfg)
-            for r in ok.itertuples(index=False) if r.video_id not in state.done]
-    writer = ShardWriter(clips_dir, int(cfg.shard_max_mb * 1024 * 1024))
+def _write(executor: Executor, todo: list[VideoJob], writer: ShardWriter, state: ShotsState,
+           progress: Progress, failed: dict[str, str]) -> None:
+    """Runs the jobs and stores their clips; a video becomes state only once its shard is closed."""
     pending: list[dict] = []  # rows whose clips sit in the open shard
-    failed: dict[str, str] = {}
-    progress = Progress(log, "shots", len(todo), "videos")
-    seconds = sum(j.num_frames / j.fps for j in todo)
     try:
         for job, result in executor.map_unordered(split_video, todo):
             progress.advance()
@@ -122,45 +150,69 @@ def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir
                 log.warning("%s: %s", job.relpath, reason)
                 failed[job.video_id] = reason
                 continue
-            for i, piece in enumerate(result.pieces):
-                row = {"video_id": job.video_id, "shot_index": i, "scene_index": piece.scene_index,
-                       "start_frame": piece.start_frame,
-                       "end_frame": piece.end_frame, "reason": piece.reason, "clip_shard": None,
-                       "clip_member": None}
-                if piece.reason is None:
-                    member = f"{job.video_id}/{i:04d}.mp4"
-                    row["clip_shard"], row["clip_member"] = writer.add(member, result.clips[i]), member
+            for row in result.rows:
+                if row["clip_member"] is not None:
+                    row["clip_shard"] = writer.add(row["clip_member"], result.clips[row["shot_index"]])
                 pending.append(row)
             if writer.full:
                 writer.close()
-                state.add(pending)
+                state.append(pending)
                 pending = []
-                state.save()
-    finally:
-        # Only rows whose shard is closed become state; a killed run redoes the open shard's videos.
         writer.close()
-        state.add(pending)
-        state.save()
+        state.append(pending)
+    except BaseException:
+        writer.abort()  # a Ctrl-C or a full disk: nothing half-written is published or recorded
+        raise
+
+
+def remove_unreferenced_shards(clips_dir: Path, referenced: set[str]) -> int:
+    removed = 0
+    for shard in clips_dir.glob("shard-*.tar"):
+        if SHARD_NAME.fullmatch(shard.name) and shard.name not in referenced:
+            shard.unlink()
+            removed += 1
+    return removed
+
+
+def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir: Path, clips_dir: Path,
+                 executor: Executor) -> ShotsOutcome:
+    ok = manifest[manifest["status"] == "ok"]
+    state = ShotsState(state_dir, split_key(cfg))
+    done = state.done
+    todo = [VideoJob(r.video_id, str(resolve_inside(root, r.path)), r.path, float(r.fps), int(r.num_frames), cfg)
+            for r in ok.itertuples(index=False) if r.video_id not in done]
+    writer = ShardWriter(clips_dir, int(cfg.shard_max_mb * 1024 * 1024))
+    failed: dict[str, str] = {}
+    progress = Progress(log, "shots", len(todo), "videos")
+    seconds = sum(j.num_frames / j.fps for j in todo)
+    _write(executor, todo, writer, state, progress, failed)
+
+    live_ids = set(ok["video_id"])
+    gone = state.rows[~state.rows["video_id"].isin(live_ids)]
+    state.compact(live_ids)
+    referenced = set(state.rows["clip_shard"].dropna())
+    orphaned = int(gone["clip_shard"].isin(referenced).sum())  # clips of gone videos in shards still used
+    shards_removed = remove_unreferenced_shards(clips_dir, referenced)
 
     meta = ok.set_index("video_id")[["path", "fps"]]
-    live = state.rows[state.rows["video_id"].isin(meta.index)].merge(meta, left_on="video_id", right_index=True)
+    live = state.rows.merge(meta, left_on="video_id", right_index=True)
     live = live.sort_values(["path", "shot_index"]).reset_index(drop=True)
     for col in ("start_frame", "end_frame", "shot_index", "scene_index"):
         live[col] = live[col].astype("int64")
     live["num_frames"] = live["end_frame"] - live["start_frame"]
-    live["start_s"] = live["start_frame"] / live["fps"]
-    live["end_s"] = live["end_frame"] / live["fps"]
-    live["duration_s"] = live["num_frames"] / live["fps"]
+    live["duration_s"] = live["end_s"] - live["start_s"]
     usable = live[live["reason"].isna()]
     # one dtype per column whether rows came from this run or from the parquet state
     shots = usable[SHOT_COLUMNS].reset_index(drop=True).astype(
-        {"video_id": "str", "path": "str", "clip_shard": "str", "clip_member": "str"})
+        {"video_id": "str", "path": "str", "clip_shard": "str", "clip_member": "str", "clip_sha256": "str",
+         "start_s": "float64", "end_s": "float64", "duration_s": "float64"})
     short = live[live["reason"].notna()]
     failed = pd.DataFrame([{"video_id": v, "reason": r} for v, r in failed.items() if v in meta.index],
                           columns=["video_id", "reason"]).merge(meta[["path"]], left_on="video_id", right_index=True)
     rejected = pd.concat([short[REJECT_COLUMNS], failed.reindex(columns=REJECT_COLUMNS)], ignore_index=True)
     rejected = rejected.astype({"shot_index": "Int64", "scene_index": "Int64", "start_frame": "Int64",
-                                "end_frame": "Int64", "video_id": "str", "path": "str", "reason": "str"})
+                                "end_frame": "Int64", "video_id": "str", "path": "str", "reason": "str",
+                                "start_s": "float64", "end_s": "float64", "duration_s": "float64"})
     rejected = rejected.sort_values(["path", "shot_index"], na_position="first").reset_index(drop=True)
     counts = {
         "videos": len(ok), "videos_split": len(todo), "videos_reused": len(ok) - len(todo),
@@ -168,7 +220,7 @@ def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir
         "single_shot_videos": int((usable.groupby("video_id").size() == 1).sum()) if len(usable) else 0,
         "usable_s": float(shots["duration_s"].sum()), "video_s_split": round(seconds, 3),
         "video_s_per_s": round(seconds / max(progress.elapsed_s, 1e-9), 3),
-        # clips of videos no longer in the manifest stay in their shards (no compaction yet)
-        "clips_orphaned": int((~state.rows["video_id"].isin(meta.index) & state.rows["clip_member"].notna()).sum()),
+        # clips of videos gone from the manifest that share a shard with clips still in use (no compaction)
+        "clips_orphaned": orphaned, "shards_removed": shards_removed,
     }
     return ShotsOutcome(shots, rejected, counts)

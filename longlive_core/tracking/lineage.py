@@ -2,6 +2,7 @@
 content digests of what a stage read."""
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import subprocess
@@ -45,4 +46,88 @@ def digest_file(path: str | Path) -> str:
     with open(path, "rb") as fh:
         while block := fh.read(1 << 20):
             h.update(block)
+    return h.hexdigest()
+
+
+# Modules that read params, write files atomically, log and record runs: what a stage computes
+# never depends on them, so they are not part of any stage's code (in dvc.yaml or in a reuse key).
+RECORD_KEEPING = frozenset({
+    "longlive_core.config", "longlive_core.progress", "longlive_core.io.atomic", "longlive_core.parallel",
+    "longlive_core.tracking.lineage", "longlive_core.tracking.mlflow_run", "tasks.stage",
+})
+PACKAGES = ("longlive_core", "tasks")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module_file(name: str) -> Path | None:
+    base = REPO_ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Project modules ``path`` imports anywhere in it (function-level imports too)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            # `from pkg import mod` imports the module pkg.mod when there is one
+            names = [base, *(f"{base}.{a.name}" for a in node.names)]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in PACKAGES and _module_file(name) is not None:
+                found.add(name)
+    return found
+
+
+def code_closure(module: str) -> list[Path]:
+    """The project's source files ``module`` runs: itself and what it imports, transitively, with
+    their packages' __init__ files, less the record-keeping modules and files with no code (paths
+    relative to the repository)."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in RECORD_KEEPING:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # parent packages run first
+        path = _module_file(name)
+        if path is not None:
+            todo.extend(_imports(path, name))
+    files = {_module_file(n) for n in seen}
+    return sorted(p.relative_to(REPO_ROOT) for p in files if p is not None and _has_code(p))
+
+
+def _has_code(path: Path) -> bool:
+    """False for a file of nothing but a docstring (most __init__ files): it runs nothing."""
+    return bool(_without_docstrings(ast.parse(path.read_text(encoding="utf-8"))).body)
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or ([] if isinstance(node, ast.Module) else [ast.Pass()])
+    return tree
+
+
+def code_digest(module: str) -> str:
+    """A digest of the code ``module`` runs (``code_closure``), as parsed: comments, docstrings and
+    layout do not count, so editing them reruns a stage under DVC without redoing its cached work."""
+    h = hashlib.sha256()
+    for rel in code_closure(module):
+        tree = _without_docstrings(ast.parse((REPO_ROOT / rel).read_text(encoding="utf-8")))
+        h.update(rel.as_posix().encode() + b"\0" + ast.dump(tree).encode() + b"\0")
     return h.hexdigest()

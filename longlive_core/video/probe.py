@@ -1,8 +1,11 @@
 """Probe a video file with PyAV and check that it really decodes.
 
-A header can look fine on a file whose data is cut short, so the probe demuxes every video
-packet (cheap: no decoding), compares that with what the header declares, and decodes a few
-frames at the start and from the last keyframe on.
+A header can look fine on a file whose data is cut short, so the probe demuxes every packet
+(cheap: no decoding) and compares the time the packets cover with the duration the container
+declares: a frame count is no measure, since a sparse or variable-rate file (an AVI whose header
+counts time-base ticks, a capture with dropped frames) holds fewer frames than ticks and is still
+whole. It decodes a few frames from the first keyframe and from the last one, from packets kept
+during that same pass (no seeking, which MPEG-TS and MPEG-PS answer only approximately).
 """
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ from fractions import Fraction
 from pathlib import Path
 
 import av
+
+# FFmpeg's AVFMT_NOTIMESTAMPS: a raw elementary stream, whose durations are guesses from bit rates
+_NO_TIMESTAMPS = 0x80
 
 
 class ProbeError(Exception):
@@ -49,20 +55,28 @@ def _rotation(stream: av.video.stream.VideoStream, first_frame: av.VideoFrame | 
     return int(round(rot)) % 360
 
 
-def _decode_some(path: str, stream_index: int, n: int, seek_pts: int | None) -> tuple[int, av.VideoFrame | None]:
-    with av.open(path) as container:
-        stream = container.streams[stream_index]
-        stream.thread_type = "AUTO"
-        if seek_pts is not None:
-            container.seek(seek_pts, stream=stream, backward=True, any_frame=False)
-        decoded, first = 0, None
-        for frame in container.decode(stream):
-            if first is None:
-                first = frame
-            decoded += 1
-            if n and decoded >= n:
-                break
-        return decoded, first
+def truncation_tolerance_s(declared_s: float, frame_s: float) -> float:
+    """How much shorter than declared the packets may run and the file still count as whole:
+    containers round their durations and count a last frame's length differently."""
+    return max(2.5 * frame_s, 0.005 * declared_s)
+
+
+class _Group:
+    """The first few packets of a group of pictures (from a keyframe on), and the frames they decode to."""
+
+    def __init__(self, limit: int):
+        self.limit, self.packets, self.frames, self.first = limit, [], 0, None
+
+    def keep(self, packet: av.Packet) -> None:
+        if len(self.packets) < self.limit:
+            self.packets.append(packet)
+
+    def decode(self, codec: av.codec.context.CodecContext) -> None:
+        codec.flush_buffers()
+        for packet in [*self.packets, None]:  # None drains the frames the decoder still holds
+            for frame in codec.decode(packet):
+                self.first = self.first if self.first is not None else frame
+                self.frames += 1
 
 
 def probe_video(path: str | Path, decode_frames: int = 8) -> ProbeResult:
@@ -79,50 +93,85 @@ def probe_video(path: str | Path, decode_frames: int = 8) -> ProbeResult:
         cc = stream.codec_context
         if cc.width <= 0 or cc.height <= 0:
             raise ProbeError(f"video stream has no frame size ({cc.width}x{cc.height})")
-        declared = int(stream.frames or 0)
+        if container.format.flags & _NO_TIMESTAMPS:
+            raise ProbeError(f"a raw {cc.name} stream with no container, so no frame times: remux it into "
+                             "MP4 or MKV (e.g. ffmpeg -i IN -c copy OUT.mkv)")
         tb: Fraction = stream.time_base or Fraction(1, 1)
         pts: list[int] = []
+        span = [math.inf, -math.inf]  # seconds from the earliest packet start to the latest end, any stream
+        first: _Group | None = None
+        last: _Group | None = None
         try:
-            for packet in container.demux(stream):
-                if packet.size == 0:
+            for packet in container.demux():
+                if packet.size == 0 or packet.pts is None:
                     continue
-                if packet.pts is not None:
-                    pts.append(packet.pts)
+                ptb = packet.time_base or tb
+                span[0] = min(span[0], float(packet.pts * ptb))
+                span[1] = max(span[1], float((packet.pts + (packet.duration or 0)) * ptb))
+                if packet.stream.index != stream.index:
+                    continue
+                pts.append(packet.pts)
+                if packet.is_keyframe:
+                    last = _Group(decode_frames)
+                    first = first or last
+                if last is not None:  # packets before the first keyframe cannot decode on their own
+                    last.keep(packet)
+                if first is not last:
+                    first.keep(packet)
         except (av.error.FFmpegError, EOFError) as exc:
-            raise ProbeError(f"stream data unreadable after {len(pts)} packets ({exc})") from exc
-        meta = dict(codec=cc.name, pix_fmt=str(cc.pix_fmt or (stream.format.name if stream.format else "")),
-                    width=cc.width, height=cc.height, bit_rate=int(container.bit_rate or 0),
-                    has_audio=bool(container.streams.audio), stream_index=stream.index,
-                    avg_rate=stream.average_rate)
-    if not pts:
-        raise ProbeError("video stream holds no frames")
-    if declared and len(pts) < declared:
-        raise ProbeError(f"truncated: header declares {declared} frames but only {len(pts)} are present")
-    pts.sort()
-    deltas = [b - a for a, b in zip(pts, pts[1:]) if b > a]
-    step = min(deltas) if deltas else 1
-    span = (pts[-1] - pts[0] + step) * tb
-    duration_s = float(span)
-    num_frames = len(pts)
-    vfr = bool(deltas) and (max(deltas) - min(deltas)) > max(1, 0.01 * min(deltas))
-    fps = num_frames / duration_s if duration_s > 0 else float(meta["avg_rate"] or 0)
-    if not math.isfinite(fps) or fps <= 0:
-        raise ProbeError("cannot determine the frame rate")
+            raise ProbeError(f"stream data unreadable after {len(pts)} video packets ({exc})") from exc
+        if not pts:
+            raise ProbeError("video stream holds no frames")
+        if first is None:
+            raise ProbeError("undecodable: the video stream has no keyframe")
+        try:
+            for group in {id(first): first, id(last): last}.values():
+                group.decode(cc)
+        except (av.error.FFmpegError, EOFError) as exc:
+            raise ProbeError(f"undecodable: {exc}") from exc
+        if first.frames == 0:
+            raise ProbeError("undecodable: no frame decodes from the first keyframe on")
+        if last.frames == 0:
+            raise ProbeError("undecodable: no frame decodes from the last keyframe on")
 
-    try:
-        head, first = _decode_some(path, meta["stream_index"], decode_frames, None)
-        # the last keyframe and a few frames after it: bad data at the end shows up here, not at
-        # the start; decoding the whole last GOP would cost up to its length (seconds) per file
-        tail, _ = _decode_some(path, meta["stream_index"], decode_frames, pts[-1])
-    except (av.error.FFmpegError, EOFError) as exc:
-        raise ProbeError(f"undecodable: {exc}") from exc
-    if head < min(decode_frames, num_frames):
-        raise ProbeError(f"undecodable: only {head} of the first {min(decode_frames, num_frames)} frames decode")
-    if tail == 0:
-        raise ProbeError("undecodable: no frame decodes from the last keyframe on")
-    with av.open(path) as container:
-        rotation = _rotation(container.streams[meta["stream_index"]], first)
-    return ProbeResult(duration_s=round(duration_s, 6), fps=round(fps, 6), variable_frame_rate=vfr,
-                       width=meta["width"], height=meta["height"], rotation=rotation,
-                       pix_fmt=meta["pix_fmt"], codec=meta["codec"], num_frames=num_frames,
-                       bit_rate=meta["bit_rate"], has_audio=meta["has_audio"])
+        order = sorted(pts)
+        deltas = [b - a for a, b in zip(order, order[1:]) if b > a]
+        rate = stream.average_rate or stream.guessed_rate or 25
+        step = min(deltas) if deltas else max(1, round(1 / (rate * tb)))
+        duration_s = float((order[-1] - order[0] + step) * tb)
+        num_frames = len(pts)
+        fps = num_frames / duration_s if duration_s > 0 else float(stream.average_rate or 0)
+        if not math.isfinite(fps) or fps <= 0:
+            raise ProbeError("cannot determine the frame rate")
+        _check_whole(stream, container, duration_s, span[1] - span[0], float(step * tb))
+        # a fine time base rounds a constant rate to neighbouring ticks (41 and 42 ms at 24 fps); where a
+        # frame lasts only a few ticks, any unequal spacing is a dropped or repeated frame
+        jitter = 1 if deltas and min(deltas) >= 10 else 0
+        vfr = bool(deltas) and (max(deltas) - min(deltas)) > max(jitter, 0.01 * min(deltas))
+        return ProbeResult(duration_s=round(duration_s, 6), fps=round(fps, 6), variable_frame_rate=vfr,
+                           width=cc.width, height=cc.height, rotation=_rotation(stream, first.first),
+                           pix_fmt=str(cc.pix_fmt or (stream.format.name if stream.format else "")),
+                           codec=cc.name, num_frames=num_frames, bit_rate=int(container.bit_rate or 0),
+                           has_audio=bool(container.streams.audio))
+
+
+def _check_whole(stream, container, video_s: float, all_s: float, frame_s: float) -> None:
+    """Raises ProbeError when the packets stop well before the duration the file declares.
+
+    The video stream's own declared duration (an MP4 index, an ASF header; an AVI header's length,
+    which counts time-base ticks and which FFmpeg's duration replaces with a guess when the index at
+    the end is missing) is compared with the time its packets cover. Where only the container
+    declares one (Matroska, FLV), that duration may be another stream's (audio running longer), so
+    it is compared with the time the packets of every stream cover. For MPEG-TS, MPEG-PS and Ogg
+    FFmpeg reads the duration off the last timestamps, so a file cut short there is a valid shorter
+    file, not a truncated one."""
+    # a frame count times the time base never exceeds the true length: ticks are a frame or shorter
+    ticks = max(stream.duration or 0, stream.frames or 0)
+    if ticks:
+        declared, covered = float(ticks * stream.time_base), video_s
+    elif container.duration:
+        declared, covered = container.duration / av.time_base, all_s
+    else:
+        return
+    if covered < declared - truncation_tolerance_s(declared, frame_s):
+        raise ProbeError(f"truncated: the packets cover {covered:.2f} s of the {declared:.2f} s the file declares")

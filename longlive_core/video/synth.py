@@ -2,7 +2,8 @@
 
 Each shot has its own background (a hue gradient far from its neighbours' hues), a fixed texture
 and shapes that move across it, so a shot detector sees a hard cut at every shot boundary and
-steady motion inside a shot. Encoded as real H.264 files with PyAV/libx264.
+steady motion inside a shot. Encoded as real files with PyAV: H.264 in MP4 by default, or any codec
+and container FFmpeg writes.
 """
 from __future__ import annotations
 
@@ -78,37 +79,50 @@ def render_shot(shot: ShotSpec, width: int, height: int) -> Iterator[np.ndarray]
 
 
 def encode_frames(path: str | Path, frames: Iterable[np.ndarray], fps: int, width: int, height: int,
-                  crf: int = 23, rotation: int = 0, pts: Sequence[int] | None = None) -> int:
-    """Writes H.264 (yuv420p) in an MP4 with the index at the front; returns the frame count.
+                  crf: int = 23, rotation: int = 0, pts: Sequence[int] | None = None, container: str = "mp4",
+                  codec: str = "libx264", pix_fmt: str = "yuv420p", time_base: Fraction | None = None) -> int:
+    """Writes the frames as ``codec`` in a ``container`` file (FFmpeg names: mp4 with the index at
+    the front, matroska, avi, mpeg, mpegts, flv, asf, ogg ...); returns the frame count.
 
     ``rotation`` writes a display matrix (as phones do); ``pts`` gives each frame's timestamp in
-    units of 1/fps, so gaps make a variable-frame-rate file. One encoder thread keeps the bytes
-    reproducible for a given seed.
+    units of ``time_base`` (default 1/fps), so gaps make a variable-frame-rate file and an offset a
+    stream that starts late. One encoder thread keeps the bytes reproducible for a given seed.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    tb = time_base or Fraction(1, fps)
+    options = {"movflags": "+faststart"} if container in ("mp4", "mov") else {}
     n = 0
-    with av.open(str(path), mode="w", format="mp4", options={"movflags": "+faststart"}) as container:
-        stream = container.add_stream("libx264", rate=fps)
+    with av.open(str(path), mode="w", format=container, options=options) as out:
+        stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height = width, height
-        stream.pix_fmt = "yuv420p"
-        stream.codec_context.options = {"crf": str(crf), "preset": "veryfast", "threads": "1",
-                                        "x264-params": "log-level=warning"}
-        stream.codec_context.time_base = Fraction(1, fps)
+        stream.pix_fmt = pix_fmt
+        if codec in ("libx264", "libx265"):
+            stream.codec_context.options = {"crf": str(crf), "preset": "veryfast", "threads": "1",
+                                            f"{codec[3:]}-params": "log-level=warning" if codec == "libx264"
+                                            else "log-level=error"}
+        elif codec.startswith("libvpx"):
+            stream.codec_context.options = {"crf": str(min(crf, 63)), "b": "4M", "threads": "1"}
+        else:  # FFmpeg's own MPEG-family encoders: a quantiser cap instead of their low default bit rate
+            stream.codec_context.options = {"threads": "1"}
+            stream.codec_context.qmax = 8
+        stream.codec_context.time_base = tb
         if rotation:
             stream.set_display_rotation(rotation)
         for rgb in frames:
             frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
             frame.pts = pts[n] if pts is not None else n
-            frame.time_base = Fraction(1, fps)
+            frame.time_base = tb
             for packet in stream.encode(frame):
-                container.mux(packet)
+                out.mux(packet)
             n += 1
         for packet in stream.encode():
-            container.mux(packet)
+            out.mux(packet)
     return n
 
 
-def write_video(path: str | Path, spec: VideoSpec, fps: int, width: int, height: int, crf: int = 23) -> int:
+def write_video(path: str | Path, spec: VideoSpec, fps: int, width: int, height: int, crf: int = 23,
+                **encoding) -> int:
+    """``encoding``: ``encode_frames``'s container, codec, pix_fmt, pts and time_base."""
     frames = (f for shot in spec.shots for f in render_shot(shot, width, height))
-    return encode_frames(path, frames, fps, width, height, crf)
+    return encode_frames(path, frames, fps, width, height, crf, **encoding)

@@ -1,0 +1,37 @@
+"""Where every stage reads and writes: the data layout of dvc.yaml, in one place."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from longlive_core.data.roots import local_root
+
+INGEST = Path("data/ingest")
+MANIFEST = INGEST / "manifest.parquet"
+INGEST_STATE = INGEST / "state"
+
+SHOTS_DIR = Path("data/shots")
+SHOTS = SHOTS_DIR / "shots.parquet"
+REJECTED = SHOTS_DIR / "rejected.parquet"
+CLIPS = SHOTS_DIR / "clips"
+SHOTS_STATE = SHOTS_DIR / "state"
+
+IQA = Path("data/iqa")
+SCORES = IQA / "scores.parquet"
+IQA_STATE = IQA / "state"
+
+SAMPLES = Path("data/samples/samples.parquet")
+CURATION_REPORT = Path("reports/curation")
+
+LATENTS = Path("data/latents")
+LATENT_SHARDS = LATENTS / "shards"
+LATENT_INDEX = LATENTS / "index.parquet"
+LATENTS_FAILED = LATENTS / "failed.parquet"
+
+
+def raw_root(params: dict[str, Any]) -> Path:
+    """Where the ingested videos and sidecars are read from (ingest.source, or its S3 mirror)."""
+    ingest = params.get("ingest") or {}
+    return local_root(str(ingest.get("source", "")), str(ingest.get("cache_dir", "data/ingest/s3_cache")))
+
+WEIGHTS = Path("data/weights")  # one file per stage that reads pretrained weights: their digests

@@ -1,0 +1,69 @@
+"""One definition of a stage's inputs: dvc.yaml lists exactly the code each stage runs, and the
+reuse keys hash that same code, so what reruns a stage under DVC also redoes its cached work."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from longlive_core.tracking import lineage
+from longlive_core.tracking.lineage import code_closure
+
+from .conftest import REPO
+
+STAGES = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+
+
+def code_deps(stage: dict) -> set[Path]:
+    """The project source files a stage's deps cover (a folder covers its .py files with code)."""
+    out = set()
+    for dep in stage.get("deps", []):
+        path = REPO / str(dep)
+        if not str(dep).startswith(("longlive_core", "tasks")):
+            continue
+        files = [path] if path.is_file() else sorted(path.rglob("*.py"))
+        assert files, f"{dep} names no source file"
+        out |= {f.relative_to(REPO) for f in files if lineage._has_code(f)}
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_dvc_yaml_lists_exactly_the_code_each_stage_runs(name):
+    stage = STAGES[name]
+    module = stage["cmd"].split("#")[0].split()[-1]
+    assert stage["cmd"].startswith("python -m tasks."), stage["cmd"]
+    runs, listed = set(code_closure(module)), code_deps(stage)
+    assert not runs - listed, f"dvc.yaml's {name} misses code it runs: {sorted(map(str, runs - listed))}"
+    assert not listed - runs, f"dvc.yaml's {name} lists code it never runs: {sorted(map(str, listed - runs))}"
+
+
+def test_every_stage_module_is_in_dvc_yaml():
+    modules = {p.stem for p in (REPO / "tasks").glob("*.py")} - {"__init__", "stage", "paths", "record_pipeline"}
+    assert modules == set(STAGES)
+
+
+def test_the_closure_follows_function_level_and_relative_imports(tmp_path, monkeypatch):
+    pkg = tmp_path / "longlive_core"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""only a docstring"""\n')
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("def f():\n    from . import b\n    return b\n")
+    (pkg / "sub" / "b.py").write_text("from longlive_core.sub.c import X\n")
+    (pkg / "sub" / "c.py").write_text("X = 1\n")
+    (pkg / "config.py").write_text("Y = 2\n")  # record keeping: never part of a closure
+    (pkg / "sub" / "d.py").write_text("import longlive_core.config\n")
+    monkeypatch.setattr(lineage, "REPO_ROOT", tmp_path)
+    assert [p.as_posix() for p in code_closure("longlive_core.sub.a")] == [
+        "longlive_core/sub/a.py", "longlive_core/sub/b.py", "longlive_core/sub/c.py"]
+    assert [p.as_posix() for p in code_closure("longlive_core.sub.d")] == ["longlive_core/sub/d.py"]
+
+
+def test_code_digest_sees_code_but_not_comments_or_docstrings(tmp_path, monkeypatch):
+    (tmp_path / "longlive_core").mkdir()
+    src = tmp_path / "longlive_core" / "m.py"
+    monkeypatch.setattr(lineage, "REPO_ROOT", tmp_path)
+    src.write_text('"""Doc."""\ndef f(x):\n    """What f does."""\n    return x + 1  # one more\n')
+    first = lineage.code_digest("longlive_core.m")
+    src.write_text('"""Another doc."""\n\n\ndef f(x):\n    return x + 1\n')
+    assert lineage.code_digest("longlive_core.m") == first
+    src.write_text('def f(x):\n    return x + 2\n')
+    assert lineage.code_digest("longlive_core.m") != first
