@@ -9,7 +9,7 @@ from pathlib import Path
 
 from longlive_core.config import stage_config
 from longlive_core.data.ingest import IngestConfig, IngestState, ingest
-from longlive_core.data.sources import check_source_uri, open_source
+from longlive_core.data.sources import check_source, open_source
 from longlive_core.io.atomic import remove_stale_tmp, write_parquet
 from longlive_core.tracking.lineage import digest_lines
 from tasks.paths import INGEST, INGEST_STATE, MANIFEST
@@ -20,7 +20,7 @@ log = logging.getLogger("stage.ingest")
 
 def prepare(params) -> IngestConfig:
     cfg = stage_config(IngestConfig, "ingest", params)
-    check_source_uri(cfg.source)
+    check_source(cfg.source)
     return cfg
 
 

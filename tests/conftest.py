@@ -54,12 +54,10 @@ def demo_copy(demo_set, tmp_path) -> tuple[Path, dict]:
     return dst, truth
 
 
-@pytest.fixture
-def repo_copy(tmp_path) -> Path:
+def copy_repo(dst: Path) -> Path:
     """The repository's files (tracked and not ignored) in a new git repository with one commit."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
                            capture_output=True, check=True).stdout.decode().split("\0")
-    dst = tmp_path / "repo"
     for rel in filter(None, files):
         if rel == "dvc.lock":  # this checkout's last run; a fresh clone has none
             continue
@@ -71,4 +69,24 @@ def repo_copy(tmp_path) -> Path:
     subprocess.run([*git, "init", "-q"], cwd=dst, check=True)
     subprocess.run([*git, "add", "-A"], cwd=dst, check=True)
     subprocess.run([*git, "commit", "-qm", "copy"], cwd=dst, check=True)
+    return dst
+
+
+@pytest.fixture
+def repo_copy(tmp_path) -> Path:
+    return copy_repo(tmp_path / "repo")
+
+
+@pytest.fixture(scope="session")
+def demo_repro(tmp_path_factory) -> Path:
+    """A copy of the repository after one `dvc repro` of the whole demo pipeline, shared by the
+    end-to-end tests: read it, or change a ``workspace_copy`` of it and rerun only what changed."""
+    repo = copy_repo(tmp_path_factory.mktemp("demo_repro") / "repo")
+    run([sys.executable, "-m", "dvc", "repro"], repo)
+    return repo
+
+
+def workspace_copy(repo: Path, dst: Path) -> Path:
+    """The whole workspace (git, DVC cache, outputs, MLflow store) copied, for a variant to change."""
+    shutil.copytree(repo, dst, symlinks=True)
     return dst

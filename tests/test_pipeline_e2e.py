@@ -1,5 +1,9 @@
-"""`dvc repro` in a copy of the repository, as a user runs it."""
+"""`dvc repro` in a copy of the repository, as a user runs it: one run of the whole demo pipeline
+(``demo_repro``) that every test reads, and variants that copy its workspace, change one thing and
+rerun only what that change reaches."""
 import json
+import os
+import shutil
 import sqlite3
 import sys
 
@@ -10,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from longlive_core.tracking.lineage import digest_lines
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
-from .conftest import run
+from .conftest import run, workspace_copy
 
 pytestmark = pytest.mark.slow
 
@@ -19,11 +23,16 @@ def report(repo, stage):
     return json.loads((repo / f"reports/{stage}/run.json").read_text())
 
 
-def test_dvc_repro_runs_demo_data_and_ingest_end_to_end(repo_copy):
-    repo = repo_copy
-    out = run([sys.executable, "-m", "dvc", "repro", "ingest"], repo)
-    assert "Running stage 'demo_data'" in out.stdout and "Running stage 'ingest'" in out.stdout
+def repro(repo, *args):
+    return run([sys.executable, "-m", "dvc", "repro", *args], repo)
 
+
+def ran(out, stage) -> bool:
+    return f"Running stage '{stage}'" in out.stdout
+
+
+def test_ingest_lists_every_file_with_lineage_in_mlflow(demo_repro):
+    repo = demo_repro
     truth = json.loads((repo / "data/demo/truth.json").read_text())
     raw = repo / "data/demo/raw"
     m = pd.read_parquet(repo / "data/ingest/manifest.parquet")
@@ -32,12 +41,11 @@ def test_dvc_repro_runs_demo_data_and_ingest_end_to_end(repo_copy):
     assert (m.loc[m["status"] == "quarantined", "reason"].str.len() > 0).all()
     assert "city night/café scène.mp4" in set(m["path"])
 
-    # MLflow: one run per stage, with lineage
     head = run(["git", "rev-parse", "HEAD"], repo).stdout.strip()
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("longlive-pipeline")
     runs = {r.data.tags["dvc.stage"]: r for r in client.search_runs([exp.experiment_id])}
-    assert set(runs) == {"demo_data", "ingest"}
+    assert set(runs) == {"demo_data", "weights", "ingest", "shots", "iqa_filter", "assemble", "encode_latents"}
     ingest_run = runs["ingest"]
     assert ingest_run.info.run_id == report(repo, "ingest")["mlflow_run_id"]
     assert ingest_run.data.tags["git.commit"] == head
@@ -46,41 +54,41 @@ def test_dvc_repro_runs_demo_data_and_ingest_end_to_end(repo_copy):
     assert ingest_run.data.tags["input.source.sha256"] == expected_digest
     assert ingest_run.data.params["ingest.source"] == "data/demo/raw"
     assert ingest_run.data.metrics["status_ok"] == 5 and ingest_run.data.metrics["videos_per_s"] > 0
-    names = {a.path for a in client.list_artifacts(ingest_run.info.run_id)}
-    assert {"manifest.parquet", "run.json"} <= names
+    assert {"manifest.parquet", "run.json"} <= {a.path for a in client.list_artifacts(ingest_run.info.run_id)}
     assert "input.params.sha256" in runs["demo_data"].data.tags
 
-    # unchanged rerun: ingest runs (it must look for new files) but reuses all its work
+
+def test_ingest_reruns_cheaply_and_sees_new_and_removed_files(demo_repro, tmp_path):
+    repo = workspace_copy(demo_repro, tmp_path / "repo")
     before = (repo / "data/ingest/manifest.parquet").read_bytes()
-    out = run([sys.executable, "-m", "dvc", "repro", "ingest"], repo)
-    assert "Stage 'demo_data' didn't change, skipping" in out.stdout
+    out = repro(repo)  # ingest and weights run (they must look), reuse all their work, change nothing
+    assert ran(out, "ingest") and ran(out, "weights") and not ran(out, "shots")
     s = report(repo, "ingest")
     assert (s["hashed"], s["probed"], s["reused"]) == (0, 0, 9)
     assert (repo / "data/ingest/manifest.parquet").read_bytes() == before
 
-    # a new file is probed alone; a removed one leaves the manifest
+    raw = repo / "data/demo/raw"
     write_video(raw / "late/new one.mp4", VideoSpec("x", (ShotSpec(36, 0.2, "square", 4),)), 24, 320, 192)
-    run([sys.executable, "-m", "dvc", "repro", "--single-item", "ingest"], repo)
+    repro(repo, "--single-item", "ingest")
     s = report(repo, "ingest")
     assert (s["hashed"], s["probed"], s["status_ok"]) == (1, 1, 6)
     (raw / "late/new one.mp4").unlink()
-    run([sys.executable, "-m", "dvc", "repro", "--single-item", "ingest"], repo)
+    repro(repo, "--single-item", "ingest")
     assert "late/new one.mp4" not in set(pd.read_parquet(repo / "data/ingest/manifest.parquet")["path"])
 
     # the pipeline run links the stage runs and carries dvc.lock
     run(["longlive-record-pipeline"], repo)
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("longlive-pipeline")
     pipeline = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["dvc.stage"] == "pipeline"]
     assert len(pipeline) == 1
-    tags = pipeline[0].data.tags
-    assert tags["stage.ingest.run_id"] == report(repo, "ingest")["mlflow_run_id"]
-    assert {"dvc.lock", "params.yaml", "dvc.yaml"} <= {a.path for a in client.list_artifacts(pipeline[0].info.run_id)}
-    with sqlite3.connect(repo / "mlflow.db") as db:
-        assert db.execute("select count(*) from runs").fetchone()[0] == 6  # 2 + 3 ingest reruns + pipeline
+    assert pipeline[0].data.tags["stage.ingest.run_id"] == report(repo, "ingest")["mlflow_run_id"]
+    with sqlite3.connect(repo / "mlflow.db") as db:  # 7 stages, then 2 + 1 + 1 reruns, and the pipeline
+        assert db.execute("select count(*) from runs").fetchone()[0] == 12
 
 
-def test_dvc_repro_shots_end_to_end(repo_copy):
-    repo = repo_copy
-    run([sys.executable, "-m", "dvc", "repro", "shots"], repo)
+def test_shots_finds_the_known_cuts_and_links_its_clips_from_the_dvc_cache(demo_repro, tmp_path):
+    repo = demo_repro
     truth = json.loads((repo / "data/demo/truth.json").read_text())
     shots = pd.read_parquet(repo / "data/shots/shots.parquet")
     rejected = pd.read_parquet(repo / "data/shots/rejected.parquet")
@@ -89,20 +97,23 @@ def test_dvc_repro_shots_end_to_end(repo_copy):
         cuts = list(rows.groupby("scene_index")["start_frame"].min().sort_index().iloc[1:])
         assert len(cuts) == len(v["cut_frames"]) and all(abs(a - b) <= 1 for a, b in zip(cuts, v["cut_frames"]))
     assert list(rejected["reason"]) == ["too short: 6 frames < 12"]
-    assert list((repo / "data/shots/clips").glob("*.tar"))  # shards, not one file per clip
-    s = report(repo, "shots")
-    assert (s["videos_split"], s["shots"]) == (5, len(shots))
-    # ingest reruns (always_changed) but writes the same manifest, so shots is not redone
-    out = run([sys.executable, "-m", "dvc", "repro", "shots"], repo)
-    assert "Stage 'shots' didn't change, skipping" in out.stdout
-    # a forced rerun reuses every finished video
-    run([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "shots"], repo)
-    assert report(repo, "shots")["videos_reused"] == 5
+    shards = list((repo / "data/shots/clips").glob("*.tar"))
+    assert shards and report(repo, "shots")["videos_split"] == 5
+    # DVC links the clips from its cache rather than keeping a second copy
+    assert all(os.stat(p).st_nlink == 2 for p in shards)
+
+    # a lost state comes back from DVC's cache (`dvc pull` from a remote does the same), and a
+    # forced rerun reuses every finished video
+    variant = workspace_copy(repo, tmp_path / "repo")
+    for p in (variant / "data/shots/state").iterdir():
+        p.unlink()
+    run([sys.executable, "-m", "dvc", "checkout", "data/shots/state"], variant)
+    repro(variant, "--force", "--single-item", "shots")
+    assert report(variant, "shots")["videos_reused"] == 5
 
 
-def test_dvc_repro_iqa_filter_scores_every_usable_shot_once(repo_copy):
-    repo = repo_copy
-    run([sys.executable, "-m", "dvc", "repro", "iqa_filter"], repo)
+def test_iqa_filter_scores_every_usable_shot_once_and_thresholds_recut_from_the_cache(demo_repro, tmp_path):
+    repo = demo_repro
     shots = pd.read_parquet(repo / "data/shots/shots.parquet")
     scores = pd.read_parquet(repo / "data/iqa/scores.parquet")
     assert len(scores) == len(shots)
@@ -113,17 +124,17 @@ def test_dvc_repro_iqa_filter_scores_every_usable_shot_once(repo_copy):
     static = scores[scores["reject_reason"].str.startswith("static")]
     assert list(static["path"]) == ["nature/forest_walk.mp4"]  # the demo's one static shot
     assert report(repo, "iqa_filter")["scored"] == len(shots)
-    # a threshold change re-decides from the cache, without scoring again
-    text = (repo / "params.yaml").read_text().replace("piqe: 68.0", "piqe: 100.0")
-    (repo / "params.yaml").write_text(text)
-    run([sys.executable, "-m", "dvc", "repro", "iqa_filter"], repo)
-    assert report(repo, "iqa_filter")["scored"] == 0
-    assert pd.read_parquet(repo / "data/iqa/scores.parquet")["kept"].sum() == len(shots) - 1  # all but the static
+
+    variant = workspace_copy(repo, tmp_path / "repo")
+    text = (variant / "params.yaml").read_text().replace("piqe: 68.0", "piqe: 100.0")
+    (variant / "params.yaml").write_text(text)
+    repro(variant, "iqa_filter")
+    assert report(variant, "iqa_filter")["scored"] == 0
+    assert pd.read_parquet(variant / "data/iqa/scores.parquet")["kept"].sum() == len(shots) - 1  # all but static
 
 
-def test_dvc_repro_assemble_matches_captions_and_splits_by_video(repo_copy):
-    repo = repo_copy
-    run([sys.executable, "-m", "dvc", "repro", "assemble"], repo)
+def test_assemble_matches_captions_and_splits_by_video(demo_repro):
+    repo = demo_repro
     truth = json.loads((repo / "data/demo/truth.json").read_text())
     samples = pd.read_parquet(repo / "data/samples/samples.parquet")
     scores = pd.read_parquet(repo / "data/iqa/scores.parquet").set_index(["video_id", "shot_index"])
@@ -166,9 +177,8 @@ def read_shards(directory):
     return tensors
 
 
-def test_dvc_repro_encode_latents_and_two_ranks_agree_with_one(repo_copy):
-    repo = repo_copy
-    run([sys.executable, "-m", "dvc", "repro", "encode_latents"], repo)
+def test_encode_latents_stores_every_shot_and_two_ranks_agree_with_one(demo_repro, tmp_path):
+    repo = demo_repro
     samples = pd.read_parquet(repo / "data/samples/samples.parquet")
     index = pd.read_parquet(repo / "data/latents/index.parquet")
     assert len(index) == sum(len(s) for s in samples["shot_indices"])  # one row per shot of every sample
@@ -186,19 +196,52 @@ def test_dvc_repro_encode_latents_and_two_ranks_agree_with_one(repo_copy):
     assert rep["samples_encoded"] == len(samples) and rep["samples_failed"] == 0 and rep["halo"] == 28
     assert pd.read_parquet(repo / "data/latents/failed.parquet").empty
 
-    # a rerun encodes nothing new
-    run([sys.executable, "-m", "dvc", "repro", "--force", "--single-item", "encode_latents"], repo)
-    assert (report(repo, "encode_latents")["samples_encoded"], report(repo, "encode_latents")["samples_reused"]) == (
-        0, len(samples))
-
+    variant = workspace_copy(repo, tmp_path / "repo")
+    repro(variant, "--force", "--single-item", "encode_latents")  # a rerun encodes nothing new
+    assert (report(variant, "encode_latents")["samples_encoded"],
+            report(variant, "encode_latents")["samples_reused"]) == (0, len(samples))
     # the same data on two ranks (torchrun, gloo): the same latents
-    params = (repo / "params.yaml").read_text()
-    (repo / "params.yaml").write_text(params.replace("  sp: 1  ", "  sp: 2  "))
-    for p in (repo / "data/latents/shards").glob("*"):
+    params = (variant / "params.yaml").read_text()
+    (variant / "params.yaml").write_text(params.replace("  sp: 1  ", "  sp: 2  "))
+    for p in (variant / "data/latents/shards").glob("*"):
         p.unlink()
-    (repo / "data/latents/index.parquet").unlink()
-    run([sys.executable, "-m", "dvc", "repro", "encode_latents"], repo)
-    two = read_shards(repo / "data/latents/shards")
-    assert report(repo, "encode_latents")["ranks"] == 2 and two.keys() == tensors.keys()
+    (variant / "data/latents/index.parquet").unlink()
+    out = repro(variant)
+    assert ran(out, "encode_latents") and not ran(out, "assemble")
+    two = read_shards(variant / "data/latents/shards")
+    assert report(variant, "encode_latents")["ranks"] == 2 and two.keys() == tensors.keys()
     for k, v in tensors.items():
         assert (two[k] - v).abs().max() <= 1e-5 * max(1.0, v.abs().max().item()), k
+
+
+def test_an_edited_caption_and_re_encoded_clips_reach_every_later_stage(demo_repro, tmp_path):
+    """What a stage's cache reuses must be what DVC sees as unchanged: a caption edited in place
+    and clips encoded at another quality are new inputs for the samples, the scores and the latents."""
+    repo = workspace_copy(demo_repro, tmp_path / "repo")
+    old_scores = pd.read_parquet(repo / "data/iqa/scores.parquet")
+    # the videos where a user keeps them, a folder of their own (demo_data's folder is a DVC output,
+    # which DVC would restore): the same contents, so every stage after ingest reuses its work
+    shutil.copytree(repo / "data/demo/raw", repo / "videos")
+    params = (repo / "params.yaml").read_text().replace("  source: data/demo/raw ", "  source: videos ")
+    (repo / "params.yaml").write_text(params)
+    repro(repo)
+    assert report(repo, "shots")["videos_reused"] == 5
+    # now the edit in place, and clips at another quality
+    edited = "a caption edited after the first run"
+    (repo / "videos/city night/café scène.json").write_text(json.dumps({"caption": edited}))
+    (repo / "params.yaml").write_text(params.replace("  clip_crf: 0 ", "  clip_crf: 30 "))
+    out = repro(repo)
+    assert all(ran(out, s) for s in ("ingest", "shots", "iqa_filter", "assemble", "encode_latents"))
+
+    samples = pd.read_parquet(repo / "data/samples/samples.parquet")
+    cafe = samples[samples["path"] == "city night/café scène.mp4"]
+    assert len(cafe) and all(c == edited for cs in cafe["captions"] for c in cs)
+    index = pd.read_parquet(repo / "data/latents/index.parquet")
+    assert set(index.loc[index["sample_id"].isin(cafe["sample_id"]), "caption"]) == {edited}
+    # every clip is new (crf 30 is lossy), so every shot is scored afresh, none from the cache
+    iqa = report(repo, "iqa_filter")
+    scores = pd.read_parquet(repo / "data/iqa/scores.parquet")
+    assert (iqa["scored"], iqa["reused"]) == (len(scores), 0)
+    merged = scores.merge(old_scores, on=["video_id", "shot_index"], suffixes=("", "_old"))
+    assert len(merged) == len(scores) and (merged["iqa_score"] != merged["iqa_score_old"]).any()
+    assert report(repo, "encode_latents")["samples_reused"] == 0

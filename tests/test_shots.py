@@ -14,6 +14,7 @@ from longlive_core.shots.clips import ShardWriter, cut_clips, iter_clip_frames, 
 from longlive_core.shots.detect import ShotsConfig
 from longlive_core.shots.rules import apply_length_rules, shots_from_cuts
 from longlive_core.shots.split import split_videos
+from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
 DEMO_SHOTS = dict(min_scene_len=4, min_shot_s=0.5, max_shot_s=2.0, clip_crf=0, workers=1)
 
@@ -158,6 +159,9 @@ def test_split_is_incremental(demo_manifest, tmp_path):
     changed = split(raw, m, tmp_path, max_shot_s=3.0)  # a detection param changed: all redone
     assert changed.counts["videos_split"] == 5
     assert len(changed.shots) < len(first.shots)
+    # the shards of the old settings are gone: only what a row refers to stays on disk
+    on_disk = {p.name for p in (tmp_path / "clips").glob("shard-*.tar")}
+    assert changed.counts["shards_removed"] >= 1 and on_disk == set(changed.shots["clip_shard"])
 
 
 def test_fast_detection_matches_plain_scenedetect_on_wider_video(tmp_path):
@@ -174,3 +178,87 @@ def test_fast_detection_matches_plain_scenedetect_on_wider_video(tmp_path):
     ours = detect_cuts(tmp_path / "w.mp4", ShotsConfig(), 24.0).cuts
     assert ours == plain == spec.cut_frames == [40, 75]
     assert detect_cuts(tmp_path / "w.mp4", ShotsConfig(downscale=4), 24.0).cuts == [40, 75]
+
+
+def manifest_of(root):
+    cfg = from_mapping(IngestConfig, {"source": str(root), "min_duration_s": 0.0}, "ingest")
+    return ingest(LocalSource(root).list(), cfg, IngestState(root.parent / "ingest_state"), str(root)).manifest
+
+
+def test_shot_times_come_from_the_frames_timestamps(tmp_path):
+    src = tmp_path / "src"
+    spec = VideoSpec("x", (ShotSpec(30, 0.1, "circle", 1), ShotSpec(30, 0.6, "square", 2)))
+    # a stream that starts 10 s in, and one where 24 frames (1 s) were dropped before the cut
+    write_video(src / "late.ts", spec, 24, 160, 96, container="mpegts", pts=[240 + i for i in range(60)])
+    write_video(src / "gap.mkv", spec, 24, 160, 96, container="matroska",
+                pts=[i if i < 6 else i + 24 for i in range(60)])
+    out = split(src, manifest_of(src), tmp_path, min_shot_s=0.25, max_shot_s=4.0)
+    shots = out.shots.set_index("path")
+    late, gap = shots.loc["late.ts"], shots.loc["gap.mkv"]
+    assert list(late["start_frame"]) == list(gap["start_frame"]) == [0, 30]
+    assert list(late["start_s"]) == pytest.approx([0.0, 30 / 24])  # relative to the first frame
+    assert list(late["end_s"]) == pytest.approx([30 / 24, 60 / 24])
+    # frame 30 is shown at (30 + 24) / 24 s: index / fps would put the cut 1 s early
+    assert list(gap["start_s"]) == pytest.approx([0.0, 54 / 24], abs=1e-3)
+    assert list(gap["duration_s"]) == pytest.approx([54 / 24, 30 / 24], abs=1e-3)
+
+
+def test_an_odd_sized_video_is_split_into_even_sized_clips(tmp_path):
+    src = tmp_path / "src"
+    spec = VideoSpec("x", (ShotSpec(30, 0.1, "circle", 1), ShotSpec(30, 0.6, "square", 2)))
+    write_video(src / "odd.webm", spec, 24, 853, 481, container="webm", codec="libvpx")
+    out = split(src, manifest_of(src), tmp_path, min_shot_s=0.5, max_shot_s=2.0)
+    assert out.counts["videos_failed"] == 0 and list(out.shots["start_frame"]) == [0, 30]
+    frames = list(iter_clip_frames(read_clip(tmp_path / "clips", out.shots.clip_shard[1], out.shots.clip_member[1])))
+    assert len(frames) == 30 and frames[0].shape == (480, 852, 3)
+
+
+def test_an_interrupted_clip_write_publishes_nothing_and_the_video_is_redone(demo_manifest, tmp_path, monkeypatch):
+    import hashlib
+
+    from longlive_core.io.parts import PartTable
+    from longlive_core.shots.split import STATE_COLUMNS
+
+    raw, truth, m = demo_manifest
+    real_add, added = ShardWriter.add, []
+
+    def add(self, member, data):
+        added.append(member)
+        if len(added) == 8:  # the disk fills up in the middle of a video's clips
+            real_add(self, member, data[: len(data) // 2])
+            raise OSError(28, "No space left on device")
+        return real_add(self, member, data)
+
+    monkeypatch.setattr(ShardWriter, "add", add)
+    with pytest.raises(OSError, match="No space left"):
+        split(raw, m, tmp_path, shard_max_mb=0.001)  # a shard per video: each committed on its own
+    monkeypatch.setattr(ShardWriter, "add", real_add)
+    assert not list((tmp_path / "clips").glob(".tmp-*"))  # the open shard was dropped, not published
+    broken = added[-1].split("/")[0]
+    state = PartTable(tmp_path / "state", "pieces", STATE_COLUMNS).read()
+    assert 0 < state["video_id"].nunique() < 5 and broken not in set(state["video_id"])
+    for r in state.dropna(subset=["clip_member"]).itertuples(index=False):  # what is recorded is whole
+        assert hashlib.sha256(read_clip(tmp_path / "clips", r.clip_shard, r.clip_member)).hexdigest() == r.clip_sha256
+    again = split(raw, m, tmp_path, shard_max_mb=0.001)
+    assert broken in set(again.shots["video_id"]) and again.counts["videos_split"] == 5 - state["video_id"].nunique()
+    pd.testing.assert_frame_equal(again.shots.drop(columns="clip_shard"),
+                                  split(raw, m, tmp_path / "fresh").shots.drop(columns="clip_shard"))
+
+
+def _megabytes(n):
+    return b"x" * (n << 20)
+
+
+def test_the_process_pool_lets_go_of_each_result_once_consumed():
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        for _item, result in LocalProcessExecutor(2).map_unordered(_megabytes, [8] * 24):
+            assert len(result) == 8 << 20
+            del result
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # 24 results of 8 MB: held until the end they would peak near 192 MB; at most 2 x workers are in flight
+    assert peak < 64 << 20, peak

@@ -9,8 +9,9 @@ import time
 import pandas as pd
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 
+from longlive_core.io.parts import PartTable
+from longlive_core.shots.split import STATE_COLUMNS
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
 from .conftest import REPO, cli_env, free_port, run
@@ -21,21 +22,21 @@ def workdir(tmp_path, source, **ingest):
     params["ingest"]["source"] = str(source)
     params["ingest"].update(ingest)
     work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     return work
 
 
-def kill_stage_when(work, stage, state_file, count, at_least) -> int:
-    """Runs `python -m tasks.<stage>` and SIGKILLs it once count(state table) >= at_least;
-    returns the count it saw. Fails if the stage finished first."""
+def kill_stage_when(work, stage, progress, at_least) -> int:
+    """Runs `python -m tasks.<stage>` and SIGKILLs it once progress() >= at_least (progress reads the
+    stage's state as another process would); returns what it saw. Fails if the stage finished first."""
     proc = subprocess.Popen([sys.executable, "-m", f"tasks.{stage}"], cwd=work, env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline, seen = time.monotonic() + 120, 0
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            seen = count(pd.read_parquet(state_file)) if state_file.exists() else 0
-        except Exception:  # noqa: BLE001 - only ever the old or the new file, but be patient
+            seen = progress()
+        except Exception:  # noqa: BLE001 - only ever whole files, but one may go between listing and reading
             seen = 0
         if seen >= at_least:
             os.kill(proc.pid, signal.SIGKILL)
@@ -44,6 +45,10 @@ def kill_stage_when(work, stage, state_file, count, at_least) -> int:
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, f"{stage} finished before it could be killed"
     return seen
+
+
+def table_rows(path):
+    return len(pd.read_parquet(path)) if path.exists() else 0
 
 
 def summary(work):
@@ -61,19 +66,32 @@ def test_stage_finishes_when_the_tracking_store_is_down(demo_copy, tmp_path):
     assert len(pd.read_parquet(work / "data/ingest/manifest.parquet")) == 10
 
 
+BAD_CONFIGS = [  # (stage, params changes, what the one line says)
+    ("ingest", {"ingest": {"workers": 0}}, "ingest.workers must be >= 1, got 0"),
+    ("ingest", {"ingest": {"source": "missing"}}, "is not a directory: put the raw videos there"),
+    ("ingest", {"ingest": {"source": "http://example.com/videos"}}, "http:// sources are not supported"),
+    ("ingest", {"ingest": {"source": "s3://"}}, "names no bucket: write s3://bucket/prefix"),
+    ("iqa_filter", {"iqa_filter": {"metric": "maniqa", "maniqa_checkpoint": "models/none.pt"}},
+     "maniqa_checkpoint 'models/none.pt' is not a file"),
+    ("encode_latents", {"encode_latents": {"vae": "models/no-vae"}},
+     "encode_latents.vae 'models/no-vae' is not a folder"),
+]
+
+
 @pytest.mark.slow
-def test_bad_params_fail_with_the_key_named(demo_copy, tmp_path):
+def test_bad_params_sources_and_model_paths_fail_in_one_line_before_any_run(demo_copy, tmp_path):
     raw, _ = demo_copy
-    work = workdir(tmp_path, raw, workers=0)
-    proc = run([sys.executable, "-m", "tasks.ingest"], work, check=False)
-    assert proc.returncode == 2 and "ingest.workers must be >= 1, got 0" in proc.stderr
-    work = workdir(tmp_path, tmp_path / "missing")
-    proc = run([sys.executable, "-m", "tasks.ingest"], work, check=False)
-    assert proc.returncode == 2 and "is not a directory: put the raw videos there" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    runs = MlflowClient(f"sqlite:///{work / 'mlflow.db'}").search_runs(["1"])
-    assert [r.info.status for r in runs] == ["FAILED", "FAILED"]  # both runs above
-    assert not (work / "data/ingest/manifest.parquet").exists()
+    for i, (stage, changes, message) in enumerate(BAD_CONFIGS):
+        work = workdir(tmp_path / str(i), raw)
+        params = yaml.safe_load((work / "params.yaml").read_text())
+        for section, values in changes.items():
+            params[section].update(values)
+        (work / "params.yaml").write_text(yaml.safe_dump(params))
+        proc = run([sys.executable, "-m", f"tasks.{stage}"], work, check=False)
+        assert proc.returncode == 2, (stage, changes, proc.stderr)
+        assert proc.stderr.count(message) == 1 and "Traceback" not in proc.stderr, (message, proc.stderr)
+        assert not (work / "mlflow.db").exists()  # no MLflow run was opened for a config that cannot run
+        assert not (work / "data").exists() and not (work / "reports").exists()
 
 
 @pytest.mark.slow
@@ -84,7 +102,7 @@ def test_a_killed_run_keeps_finished_work_and_the_rerun_does_the_rest(tmp_path):
         spec = VideoSpec(f"v{i:03d}.mp4", (ShotSpec(30, (i * 0.37) % 1.0, "circle", i),))
         write_video(src / spec.relpath, spec, 24, 64, 48)
     work = workdir(tmp_path, src, workers=1, checkpoint_every=1, min_duration_s=0.0, decode_check_frames=30)
-    killed_at = kill_stage_when(work, "ingest", work / "data/ingest/state/probes.parquet", len, 5)
+    killed_at = kill_stage_when(work, "ingest", lambda: table_rows(work / "data/ingest/state/probes.parquet"), 5)
     assert not (work / "data/ingest/manifest.parquet").exists()  # no half-written output
     run([sys.executable, "-m", "tasks.ingest"], work)
     s = summary(work)
@@ -108,8 +126,9 @@ def test_a_killed_shots_run_keeps_closed_shards_and_the_rerun_does_the_rest(tmp_
     params["shots"].update(workers=1, shard_max_mb=0.001)  # a shard per video: committed one by one
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     run([sys.executable, "-m", "tasks.ingest"], work)
-    done_before = kill_stage_when(work, "shots", work / "data/shots/state/pieces.parquet",
-                                  lambda df: df["video_id"].nunique(), 2)
+    state = PartTable(work / "data/shots/state", "pieces", STATE_COLUMNS)
+    done_before = kill_stage_when(work, "shots", lambda: state.read()["video_id"].nunique(), 2)
+    assert not (work / "data/shots/state/pieces.parquet").exists()  # killed before the end of the run
     assert not (work / "data/shots/shots.parquet").exists()
     run([sys.executable, "-m", "tasks.shots"], work)
     s = json.loads((work / "reports/shots/run.json").read_text())

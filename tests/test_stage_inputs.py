@@ -1,5 +1,6 @@
 """One definition of a stage's inputs: dvc.yaml lists exactly the code each stage runs, and the
 reuse keys hash that same code, so what reruns a stage under DVC also redoes its cached work."""
+import json
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,34 @@ def test_code_digest_sees_code_but_not_comments_or_docstrings(tmp_path, monkeypa
     assert lineage.code_digest("longlive_core.m") == first
     src.write_text('def f(x):\n    return x + 2\n')
     assert lineage.code_digest("longlive_core.m") != first
+
+
+class _Run:
+    def set_tags(self, tags):
+        self.tags = tags
+
+
+def test_the_weights_stage_sees_weights_replaced_at_the_same_path(tmp_path, monkeypatch):
+    """DVC sees the weights through data/weights/<stage>.json: a new file there reruns the stage."""
+    import os
+
+    from longlive_core.config import load_params
+    from tasks import weights
+
+    monkeypatch.chdir(tmp_path)
+    params = load_params(REPO / "params.yaml")
+    ckpt = tmp_path / "maniqa.safetensors"
+    ckpt.write_bytes(b"a" * 64)
+    params["iqa_filter"].update(metric="maniqa", maniqa_checkpoint=str(ckpt))
+    first = weights.body(weights.prepare(params), _Run())
+    identity = (tmp_path / "data/weights/iqa_filter.json").read_bytes()
+    assert first["files_changed"] == 2 and json.loads(identity)["weights"]["maniqa_checkpoint"]["path"] == str(ckpt)
+    assert weights.body(weights.prepare(params), _Run())["files_changed"] == 0
+    assert (tmp_path / "data/weights/iqa_filter.json").read_bytes() == identity  # DVC reruns nothing
+    st = ckpt.stat()
+    ckpt.write_bytes(b"b" * 64)  # other weights, same size, copied with the old times kept
+    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.body(weights.prepare(params), _Run())["files_changed"] == 1
+    assert (tmp_path / "data/weights/iqa_filter.json").read_bytes() != identity
+    for stage in ("iqa_filter", "encode_latents"):  # the stages that read weights depend on their file
+        assert f"data/weights/{stage}.json" in STAGES[stage]["deps"]

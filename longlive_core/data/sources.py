@@ -63,7 +63,7 @@ class LocalSource:
     def local_root(self) -> Path:
         return self.root
 
-    def list(self) -> Listing:
+    def check_root(self) -> None:
         if self.root.exists() and not self.root.is_dir():
             raise SourceError(
                 f"ingest.source {self.root} is a file, not a directory: set ingest.source in params.yaml to "
@@ -72,6 +72,9 @@ class LocalSource:
             raise SourceError(
                 f"ingest.source {self.root} is not a directory: put the raw videos there, or set "
                 "ingest.source in params.yaml to a directory or an s3://bucket/prefix URI")
+
+    def list(self) -> Listing:
+        self.check_root()
         real_root = self.root.resolve()
         files: list[SourceFile] = []
         skipped = 0
@@ -101,6 +104,14 @@ class LocalSource:
             log.warning("did not descend into %d symlinked director%s under %s", skipped,
                         "y" if skipped == 1 else "ies", self.root)
         return Listing(files=sorted(files, key=lambda f: f.relpath), skipped_dir_links=skipped)
+
+
+def check_source(uri: str) -> None:
+    """Everything about ingest.source that is known without listing it: the URI's form, and that a
+    local source is a directory (whether a bucket answers shows only when it is listed)."""
+    check_source_uri(uri)
+    if not uri.startswith("s3://"):
+        LocalSource(uri).check_root()
 
 
 def open_source(uri: str, cache_dir: str | Path, s3: S3Config) -> LocalSource | S3Source:

@@ -55,23 +55,47 @@ def make_detector(cfg: ShotsConfig):
     return ContentDetector(threshold=cfg.content_threshold, min_scene_len=cfg.min_scene_len)
 
 
-def _small_bgr(frame, step: int) -> np.ndarray:
-    """The frame shrunk by ``step`` in each direction, as BGR for the detector.
+def _small_bgr(frame, size: tuple[int, int]) -> np.ndarray:
+    """The frame resized to ``size`` (width, height), as BGR for the detector.
 
-    For 8-bit 4:2:0 frames the planes are subsampled in place and converted at the small size:
-    converting and scaling the full frame costs more than decoding it (bench/RESULTS.md). Other
-    pixel formats go through swscale at the small size.
+    Planar YUV frames (8 to 16 bits, any chroma subsampling, and NV12/NV21/P010) are sampled
+    straight from the decoder's planes (nearest pixel) and converted at the small size: converting
+    and scaling the full frame costs more than decoding it (bench/RESULTS.md). Other pixel formats
+    go through swscale at the small size.
     """
-    w, h = frame.width, frame.height
-    sw, sh = max(1, w // step), max(1, h // step)
-    if frame.format.name not in ("yuv420p", "yuvj420p") or step < 2:
-        return frame.reformat(width=sw, height=sh, format="bgr24").to_ndarray()
-    y, u, v = (np.frombuffer(p, np.uint8).reshape(p.height, p.line_size) for p in frame.planes)
-    ys = np.ascontiguousarray(y[: sh * step : step, : sw * step : step])
-    half = max(1, step // 2)
-    us = cv2.resize(u[: h // 2 : half, : w // 2 : half], (sw, sh), interpolation=cv2.INTER_NEAREST)
-    vs = cv2.resize(v[: h // 2 : half, : w // 2 : half], (sw, sh), interpolation=cv2.INTER_NEAREST)
-    return cv2.cvtColor(cv2.merge([ys, vs, us]), cv2.COLOR_YCrCb2BGR)
+    fmt = frame.format
+    comps = fmt.components
+    bits = comps[0].bits
+    planes = frame.planes
+    three = len(planes) == 3 and len(comps) == 3
+    semi = len(planes) == 2 and fmt.name in ("nv12", "nv21", "p010le", "p012le", "p016le")
+    if fmt.is_rgb or fmt.is_big_endian or not fmt.is_planar or bits > 16 or not (three or semi):
+        return frame.reformat(width=size[0], height=size[1], format="bgr24").to_ndarray()
+    dtype, nbytes = (np.uint8, 1) if bits == 8 else (np.dtype("<u2"), 2)
+
+    def sample(plane, channels=1):
+        a = np.frombuffer(plane, dtype).reshape(plane.height, plane.line_size // (nbytes * channels), channels)
+        return cv2.resize(a[:, : plane.width], size, interpolation=cv2.INTER_NEAREST)
+
+    if three:
+        y, u, v = (sample(p) for p in planes)
+        shift = bits - 8
+    else:  # interleaved chroma; P010-style samples sit in the high bits
+        y, uv = sample(planes[0]), sample(planes[1], 2)
+        u, v = (uv[..., 1], uv[..., 0]) if fmt.name == "nv21" else (uv[..., 0], uv[..., 1])
+        shift = 0 if bits == 8 else 8
+    if shift:
+        y, u, v = ((c >> shift).astype(np.uint8) for c in (y, u, v))
+    # YCbCr -> BGR with the matrix and range swscale would use (as the plain call's conversion does):
+    # BT.709 or BT.2020 where the frame says so, else BT.601; full range for yuvj* or where flagged.
+    kr, kb = {1: (0.2126, 0.0722), 9: (0.2627, 0.0593), 10: (0.2627, 0.0593)}.get(frame.colorspace, (0.299, 0.114))
+    full = fmt.name.startswith("yuvj") or frame.color_range == 2
+    ys, cs, y0 = (1.0, 1.0, 0.0) if full else (255 / 219, 255 / 224, 16.0)
+    bu, rv = 2 * (1 - kb) * cs, 2 * (1 - kr) * cs  # B from Cb, R from Cr
+    gu, gv = -bu * kb / (1 - kr - kb), -rv * kr / (1 - kr - kb)  # G from both
+    m = np.array([[ys, bu, 0.0, -ys * y0 - bu * 128], [ys, gu, gv, -ys * y0 - (gu + gv) * 128],
+                  [ys, 0.0, rv, -ys * y0 - rv * 128]], np.float32)
+    return cv2.transform(cv2.merge([y, u, v]), m)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,13 +119,37 @@ def detect_cuts(path: str | Path, cfg: ShotsConfig, fps: float) -> Detection:
     times: list[float] = []
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
-        stream.codec_context.options = {"skip_loop_filter": "all"}
-        width = stream.codec_context.width
-        step = cfg.downscale or max(1, width // 256)
+        ctx = stream.codec_context
+        w, h = ctx.width, ctx.height
+
+        def target(w: int, h: int) -> tuple[int, int]:
+            """The plain call's frame size: 256 px on the longer side (scenedetect's auto downscale);
+            or the frame shrunk by cfg.downscale."""
+            if cfg.downscale:
+                return max(1, w // cfg.downscale), max(1, h // cfg.downscale)
+            k = max(w, h, 256) / 256
+            return max(1, round(w / k)), max(1, round(h / k))
+
+        size = target(w, h) if w and h else None
+        # Decoder options that leave every frame and its timestamp as a full decode gives them
+        # (bench/RESULTS.md, mixed codecs): deblocking off (H.264, HEVC, VP8, VP9); one thread (slice
+        # threads add CPU time, not speed, here); and for MJPEG, MPEG-1/2, MPEG-4 Part 2 and H.263/FLV1,
+        # IDCT and motion compensation at 1/4 or 1/8 size ("lowres") where that still gives >= 3/4 of
+        # the detector's width (level 1 costs as much as a full decode: its code is not vectorised).
+        options = {"skip_loop_filter": "all"}
+        lowres = 0
+        if ctx.name in ("mjpeg", "mpeg1video", "mpeg2video", "mpeg4", "h263", "h263p", "flv"):
+            while size and lowres < 3 and 4 * (w >> (lowres + 1)) >= 3 * size[0]:
+                lowres += 1
+        if lowres >= 2:
+            options["lowres"] = str(lowres)
+        ctx.options = options
+        ctx.thread_count = 1
         for frame in container.decode(stream):
             index = len(times)
             times.append(frame_time(frame, times, fps))
-            cuts += detector.process_frame(FrameTimecode(index, fps), _small_bgr(frame, step))
+            size = size or target(frame.width, frame.height)
+            cuts += detector.process_frame(FrameTimecode(index, fps), _small_bgr(frame, size))
         cuts += detector.post_process(FrameTimecode(len(times), fps))
     t0 = times[0] if times else 0.0
     return Detection(sorted({c.frame_num for c in cuts if 0 < c.frame_num < len(times)}), [t - t0 for t in times])
