@@ -1,7 +1,7 @@
 """Ingest throughput, side by side in one run (figures go into bench/RESULTS.md).
 
 Compares, on the same generated files:
-  hashing   longlive_core's sha256_file   vs  coreutils `sha256sum` (a common reference)
+  hashing   longlive_core's digest_file   vs  coreutils `sha256sum` (a common reference)
   probing   probe_video (demux every packet + decode head and tail)  vs  opening the header only
   ingest    the whole ingest() with workers=1 vs workers=2, cold state each time, and a warm rerun
 
@@ -20,8 +20,9 @@ from pathlib import Path
 import av
 
 from longlive_core.config import from_mapping
-from longlive_core.data.ingest import IngestConfig, IngestState, ingest, sha256_file
+from longlive_core.data.ingest import IngestConfig, IngestState, ingest
 from longlive_core.data.sources import LocalSource
+from longlive_core.tracking.lineage import digest_file
 from longlive_core.video.probe import probe_video
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
@@ -50,9 +51,9 @@ def main() -> None:
     total_mb = sum(f.stat().st_size for f in files) / 1e6
 
     rows = []
-    t_ours = timed(lambda: [sha256_file(f) for f in files])
+    t_ours = timed(lambda: [digest_file(f) for f in files])
     t_cli = timed(lambda: subprocess.run(["sha256sum", *map(str, files)], check=True, capture_output=True))
-    rows.append(("hash: sha256_file", t_ours, f"{total_mb / t_ours:.0f} MB/s"))
+    rows.append(("hash: digest_file", t_ours, f"{total_mb / t_ours:.0f} MB/s"))
     rows.append(("hash: coreutils sha256sum", t_cli, f"{total_mb / t_cli:.0f} MB/s"))
 
     def header_only():

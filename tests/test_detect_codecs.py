@@ -1,5 +1,5 @@
 """detect_cuts on several codecs and containers: the plain call's cuts, the true cuts, and every
-frame with the timestamp a plain full decode gives it (lowres decoding and skipped deblocking
+frame with the timestamp a plain full decode gives it (skipped deblocking and one decoder thread
 must not drop, add or retime a frame)."""
 import av
 import cv2
@@ -8,20 +8,20 @@ import pytest
 
 import longlive_core.shots.detect as detect_mod
 from longlive_core.shots.detect import ShotsConfig, _small_bgr, detect_cuts, frame_time
-from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
+from longlive_core.video.synth import ShotSpec, VideoSpec, render_shot, write_video
 
 FPS = 24
 SHOTS = (ShotSpec(12, 0.1, "circle", 1), ShotSpec(10, 0.6, "square", 2), ShotSpec(11, 0.35, "circle", 3))
 CFG = ShotsConfig(min_scene_len=4)  # shots this short need a shorter minimum than the default 15
 
-CASES = [  # container, encoder, pix_fmt, width, height, width of the frames the decoder gives detect_cuts
-    ("avi", "mpeg4", "yuv420p", 320, 180, 320),
-    ("mpegts", "mpeg2video", "yuv420p", 800, 450, 200),  # lowres 2
-    ("mov", "mjpeg", "yuvj422p", 801, 451, 201),  # lowres 2, odd size, 4:2:2 full range
-    ("flv", "flv", "yuv420p", 321, 181, 321),  # odd size
-    ("matroska", "libx264", "yuv420p", 320, 180, 320),
-    ("webm", "libvpx", "yuv420p", 320, 180, 320),
-    ("mov", "prores", "yuv422p10le", 320, 180, 320),  # 10-bit planes
+CASES = [  # container, encoder, pix_fmt, width, height
+    ("avi", "mpeg4", "yuv420p", 320, 180),
+    ("mpegts", "mpeg2video", "yuv420p", 800, 450),
+    ("mov", "mjpeg", "yuvj422p", 801, 451),  # odd size, 4:2:2 full range
+    ("flv", "flv", "yuv420p", 321, 181),  # odd size
+    ("matroska", "libx264", "yuv420p", 320, 180),
+    ("webm", "libvpx", "yuv420p", 320, 180),
+    ("mov", "prores", "yuv422p10le", 320, 180),  # 10-bit planes
 ]
 
 
@@ -37,10 +37,9 @@ def _plain(path: str) -> tuple[list[int], list[float]]:
     return cuts, [t - times[0] for t in times]
 
 
-@pytest.mark.parametrize("container, codec, pix_fmt, width, height, decoded_width", CASES,
+@pytest.mark.parametrize("container, codec, pix_fmt, width, height", CASES,
                          ids=[f"{c[1]}-{c[0]}-{c[3]}x{c[4]}" for c in CASES])
-def test_cuts_and_frame_times_equal_the_plain_calls(tmp_path, monkeypatch, container, codec, pix_fmt, width,
-                                                    height, decoded_width):
+def test_cuts_and_frame_times_equal_the_plain_calls(tmp_path, monkeypatch, container, codec, pix_fmt, width, height):
     if codec not in av.codecs_available:
         pytest.skip(f"{codec} is not in this FFmpeg build")
     spec = VideoSpec("v", SHOTS)
@@ -60,7 +59,7 @@ def test_cuts_and_frame_times_equal_the_plain_calls(tmp_path, monkeypatch, conta
     assert ours.times == pytest.approx(plain_times, abs=1e-9)
     k = max(width, height) / 256
     assert {s for _, _, s in seen} == {(round(width / k), round(height / k))}  # the plain call's frame size
-    assert {w for w, _, _ in seen} == {decoded_width}
+    assert {w for w, _, _ in seen} == {width}  # decoded at full size
 
 
 def _smooth_frame(width: int, height: int) -> av.VideoFrame:
@@ -83,3 +82,27 @@ def test_small_frames_match_swscales_conversion(pix_fmt, colorspace):
     out = _small_bgr(frame, (256, 144))
     assert out.shape == (144, 256, 3) and out.dtype == np.uint8
     assert np.abs(out.astype(int) - ref).mean() < 2.0
+
+
+def test_b_frames_in_avi_keep_every_frame_and_its_time(tmp_path):
+    """MPEG-4 ASP with B-frames and quarter-pel motion in AVI (as Xvid writes it): the true cuts, and
+    a plain decode's frames and times. The plain call numbers frames from their timestamps, and the
+    first one here is 1/24 s (the B-frame delay): its cuts may come one frame late."""
+    spec = VideoSpec("v", SHOTS)
+    path = str(tmp_path / "v.avi")
+    with av.open(path, mode="w", format="avi") as out:
+        stream = out.add_stream("mpeg4", rate=FPS)
+        stream.width, stream.height, stream.pix_fmt = 800, 450, "yuv420p"
+        stream.codec_context.options = {"threads": "1", "flags": "+qpel+mv4"}
+        stream.codec_context.max_b_frames = 2
+        stream.codec_context.qmax = 8
+        for i, rgb in enumerate(f for shot in SHOTS for f in render_shot(shot, 800, 450)):
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            frame.pts = i
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    ours = detect_cuts(path, CFG, float(FPS))
+    plain_cuts, plain_times = _plain(path)
+    assert ours.cuts == spec.cut_frames
+    assert len(plain_cuts) == len(ours.cuts) and all(abs(a - b) <= 1 for a, b in zip(plain_cuts, ours.cuts))
+    assert len(ours.times) == spec.num_frames and ours.times == pytest.approx(plain_times, abs=1e-9)

@@ -132,18 +132,18 @@ def test_unreadable_files_are_quarantined_and_retried_next_run(demo_copy, tmp_pa
     import longlive_core.data.ingest as ingest_mod
 
     raw, _ = demo_copy
-    real = ingest_mod.sha256_file
+    real = ingest_mod.digest_file
 
     def flaky(path, *a, **kw):
         if path.name == "match.mp4":
             raise PermissionError(13, "Permission denied")
         return real(path, *a, **kw)
 
-    monkeypatch.setattr(ingest_mod, "sha256_file", flaky)
+    monkeypatch.setattr(ingest_mod, "digest_file", flaky)
     rows = run_ingest(raw, tmp_path / "state").manifest.set_index("path")
     assert rows.loc["sports/match.mp4", "status"] == "quarantined"
     assert rows.loc["sports/match.mp4", "reason"] == "unreadable: Permission denied"
-    monkeypatch.setattr(ingest_mod, "sha256_file", real)
+    monkeypatch.setattr(ingest_mod, "digest_file", real)
     again = run_ingest(raw, tmp_path / "state")
     assert again.counts["hashed"] == 1  # the failure was not remembered as a result
     assert again.manifest.set_index("path").loc["sports/match.mp4", "status"] == "ok"

@@ -129,7 +129,7 @@ def test_weights_identity_follows_the_bytes_and_reads_unchanged_files_once(tmp_p
     weights.write_bytes(b"x" * 10)
     first = w.weights_identity(tmp_path / "vae", memo)
     reads = []
-    monkeypatch.setattr(w, "_sha256", lambda p, _sha=w._sha256: reads.append(p) or _sha(p))
+    monkeypatch.setattr(w, "digest_file", lambda p, _sha=w.digest_file: reads.append(p) or _sha(p))
     assert w.weights_identity(tmp_path / "vae", memo) == first and reads == []  # memoised: nothing read
     os.utime(weights, ns=(1, 1))  # touched, the same bytes: read again, the same weights
     assert w.weights_identity(tmp_path / "vae", memo) == first and len(reads) == 1

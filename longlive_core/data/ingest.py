@@ -29,7 +29,7 @@ from longlive_core.data.listing import Listing, SourceFile
 from longlive_core.data.s3_mirror import S3Config
 from longlive_core.io.atomic import write_parquet
 from longlive_core.progress import Progress
-from longlive_core.tracking.lineage import code_digest, digest_json
+from longlive_core.tracking.lineage import code_digest, digest_file, digest_json
 from longlive_core.video.probe import PROBE_COLUMNS, ProbeError, probe_video
 
 log = logging.getLogger(__name__)
@@ -73,14 +73,6 @@ class IngestConfig:
         bad = [e for e in self.extensions if not e.startswith(".")]
         if bad:
             raise ConfigError(f"{where}.extensions must start with a dot, got {bad}")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 class IngestState:
@@ -189,7 +181,7 @@ def ingest(listing: Listing, cfg: IngestConfig, state: IngestState, source_uri: 
 
     def do_hash(v: SourceFile) -> tuple[str | None, str | None]:
         try:
-            return sha256_file(v.local_path), None
+            return digest_file(v.local_path), None
         except OSError as exc:
             return None, f"unreadable: {exc.strerror or exc}"
 

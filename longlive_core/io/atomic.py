@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,3 +61,14 @@ def remove_stale_tmp(directory: str | Path) -> int:
             p.unlink()
             n += 1
     return n
+
+
+def remove_unreferenced(directory: str | Path, name: re.Pattern[str], referenced: set[str]) -> int:
+    """Deletes the files in ``directory`` whose names match ``name`` and that nothing refers to (the
+    shards of a stage whose every entry was redone or dropped); returns how many."""
+    removed = 0
+    for path in Path(directory).iterdir() if Path(directory).is_dir() else ():
+        if name.fullmatch(path.name) and path.name not in referenced:
+            path.unlink()
+            removed += 1
+    return removed

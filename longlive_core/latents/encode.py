@@ -32,7 +32,7 @@ from safetensors.torch import save_file
 
 from longlive_core.config import ConfigError
 from longlive_core.devices import pick_device
-from longlive_core.io.atomic import TMP_PREFIX, atomic_path, write_parquet
+from longlive_core.io.atomic import TMP_PREFIX, atomic_path, remove_unreferenced, write_parquet
 from longlive_core.latents.halo import Chunk, plan_chunks, receptive_field_latents
 from longlive_core.models.text import load_text_encoder, tiny_text_encoder
 from longlive_core.models.vae import TEMPORAL_STRIDE, build_vae, encode_video, frames_to_input, load_vae
@@ -223,17 +223,6 @@ def reusable_rows(index: pd.DataFrame, samples: pd.DataFrame, fingerprints: dict
     return keep.reset_index(drop=True)
 
 
-def remove_unreferenced_shards(shard_dir: Path, index: pd.DataFrame) -> int:
-    """Shards no index row points at (every sample in them was redone or dropped) are deleted."""
-    used = set(index["shard"])
-    removed = 0
-    for shard in shard_dir.glob("shard-*.safetensors"):
-        if SHARD_NAME.fullmatch(shard.name) and shard.name not in used:
-            shard.unlink()
-            removed += 1
-    return removed
-
-
 def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, shard_dir: Path, index_path: Path,
                    failed_path: Path, cfg: EncodeLatentsConfig, comm: Comm) -> dict:
     """Encodes what is new; rank 0 writes the shards, the index and the failures; returns counts."""
@@ -325,7 +314,8 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
     new_rows += sink.flush()
     index = _write_index(index_path, done, new_rows)
     counts["samples_stale"], counts["samples_dropped"] = int(stale), int(dropped)
-    counts["shards_removed"] = remove_unreferenced_shards(shard_dir, index)
+    # shards no index row points at: every sample in them was redone or dropped
+    counts["shards_removed"] = remove_unreferenced(shard_dir, SHARD_NAME, set(index["shard"]))
     write_parquet(pd.DataFrame(failed, columns=["sample_id", "video_id", "reason"]), failed_path)
     counts["frames_per_s"] = round(counts["frames_encoded"] / max(elapsed, 1e-9), 3)
     counts["halo_overhead"] = round(counts["latents_encoded"] / max(counts["latents_kept"], 1), 4)

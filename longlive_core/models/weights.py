@@ -9,13 +9,12 @@ file's bytes are written, and no copy tool sets it, so a replaced file is always
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
 from longlive_core.io.atomic import write_json
-from longlive_core.tracking.lineage import digest_lines
+from longlive_core.tracking.lineage import digest_file, digest_lines
 
 MEMO = Path("data/.weights_sha256.json")  # a cache only: deleting it costs one more read of the weights
 
@@ -30,21 +29,13 @@ def require_pretrained_dir(path: Path, what: str, how: str) -> None:
         raise CheckpointError(f"no {what} at {path}: {how}, or point its path in params.yaml at where it is")
 
 
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _file_digest(path: Path, memo: dict[str, list]) -> str:
     st = path.stat()
     stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
     key = str(path.resolve())
     if key in memo and memo[key][:4] == stamp:
         return memo[key][4]
-    digest = _sha256(path)
+    digest = digest_file(path)
     memo[key] = [*stamp, digest]
     return digest
 

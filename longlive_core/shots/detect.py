@@ -105,10 +105,11 @@ class Detection:
 
 
 def detect_cuts(path: str | Path, cfg: ShotsConfig, fps: float) -> Detection:
-    """Runs PySceneDetect's detector on every decoded frame, shrunk to about 256 px wide (or by
-    ``cfg.downscale``) straight from the decoder's planes, with H.264's deblocking filter skipped:
-    neither changes what a 256-px colour-difference detector sees, and together they make
-    detection about 1.7x cheaper than ``scenedetect.detect`` (bench/shots_throughput.py).
+    """Runs PySceneDetect's detector on every decoded frame, shrunk to 256 px on its longer side (as
+    ``scenedetect.detect`` shrinks it; or by ``cfg.downscale``) straight from the decoder's planes,
+    with in-loop deblocking skipped: neither changes what a 256-px colour-difference detector sees,
+    and together they make detection about 1.6x cheaper than ``scenedetect.detect`` on a mix of
+    codecs and containers, with the same cuts (bench/shots_throughput.py).
     ``fps`` is the rate ingest measured, so time-based detector settings mean the same everywhere.
     Frame times come from the frames' own timestamps (a stream may start late or change rate).
     """
@@ -132,18 +133,11 @@ def detect_cuts(path: str | Path, cfg: ShotsConfig, fps: float) -> Detection:
 
         size = target(w, h) if w and h else None
         # Decoder options that leave every frame and its timestamp as a full decode gives them
-        # (bench/RESULTS.md, mixed codecs): deblocking off (H.264, HEVC, VP8, VP9); one thread (slice
-        # threads add CPU time, not speed, here); and for MJPEG, MPEG-1/2, MPEG-4 Part 2 and H.263/FLV1,
-        # IDCT and motion compensation at 1/4 or 1/8 size ("lowres") where that still gives >= 3/4 of
-        # the detector's width (level 1 costs as much as a full decode: its code is not vectorised).
-        options = {"skip_loop_filter": "all"}
-        lowres = 0
-        if ctx.name in ("mjpeg", "mpeg1video", "mpeg2video", "mpeg4", "h263", "h263p", "flv"):
-            while size and lowres < 3 and 4 * (w >> (lowres + 1)) >= 3 * size[0]:
-                lowres += 1
-        if lowres >= 2:
-            options["lowres"] = str(lowres)
-        ctx.options = options
+        # (bench/RESULTS.md, mixed codecs): deblocking off (H.264, HEVC, VP8, VP9), and one thread
+        # (the stage runs a process per core; slice threads add CPU time, not speed). FFmpeg's
+        # "lowres" (MPEG-2, MPEG-4 Part 2, MJPEG at 1/4 or 1/8 size) was faster still but smooths
+        # what the detector sees by 6-10% at a cut, so cuts near a threshold could move: not used.
+        ctx.options = {"skip_loop_filter": "all"}
         ctx.thread_count = 1
         for frame in container.decode(stream):
             index = len(times)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from longlive_core.data.roots import resolve_inside
-from longlive_core.io.atomic import write_json
+from longlive_core.io.atomic import remove_unreferenced, write_json
 from longlive_core.io.parts import PartTable
 from longlive_core.parallel import Executor
 from longlive_core.progress import Progress
@@ -165,15 +165,6 @@ def _write(executor: Executor, todo: list[VideoJob], writer: ShardWriter, state:
         raise
 
 
-def remove_unreferenced_shards(clips_dir: Path, referenced: set[str]) -> int:
-    removed = 0
-    for shard in clips_dir.glob("shard-*.tar"):
-        if SHARD_NAME.fullmatch(shard.name) and shard.name not in referenced:
-            shard.unlink()
-            removed += 1
-    return removed
-
-
 def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir: Path, clips_dir: Path,
                  executor: Executor) -> ShotsOutcome:
     ok = manifest[manifest["status"] == "ok"]
@@ -192,7 +183,7 @@ def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir
     state.compact(live_ids)
     referenced = set(state.rows["clip_shard"].dropna())
     orphaned = int(gone["clip_shard"].isin(referenced).sum())  # clips of gone videos in shards still used
-    shards_removed = remove_unreferenced_shards(clips_dir, referenced)
+    shards_removed = remove_unreferenced(clips_dir, SHARD_NAME, referenced)
 
     meta = ok.set_index("video_id")[["path", "fps"]]
     live = state.rows.merge(meta, left_on="video_id", right_index=True)
