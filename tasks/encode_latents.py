@@ -21,7 +21,9 @@ from tasks.stage import run_stage
 
 
 def config(params) -> EncodeLatentsConfig:
-    return stage_config(EncodeLatentsConfig, "encode_latents", params)
+    cfg = stage_config(EncodeLatentsConfig, "encode_latents", params)
+    pick_device(cfg.device, "encode_latents.device")  # a GPU asked for and absent: said before anything starts
+    return cfg
 
 
 def encode(cfg: EncodeLatentsConfig, comm: Comm) -> dict:

@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from longlive_core.data.roots import local_root
+from longlive_core.config import ConfigError
+from longlive_core.data.roots import SourceError, local_root
 
 INGEST = Path("data/ingest")
 MANIFEST = INGEST / "manifest.parquet"
@@ -28,10 +29,17 @@ LATENT_SHARDS = LATENTS / "shards"
 LATENT_INDEX = LATENTS / "index.parquet"
 LATENTS_FAILED = LATENTS / "failed.parquet"
 
+WEIGHTS = Path("data/weights")  # one file per stage that reads pretrained weights: their digests
+
 
 def raw_root(params: dict[str, Any]) -> Path:
     """Where the ingested videos and sidecars are read from (ingest.source, or its S3 mirror)."""
     ingest = params.get("ingest") or {}
-    return local_root(str(ingest.get("source", "")), str(ingest.get("cache_dir", "data/ingest/s3_cache")))
-
-WEIGHTS = Path("data/weights")  # one file per stage that reads pretrained weights: their digests
+    if not isinstance(ingest.get("source"), str) or not isinstance(ingest.get("cache_dir"), str):
+        raise ConfigError("params.yaml's ingest section must give source and cache_dir: the later stages read the "
+                          "ingested files from there")
+    root = local_root(ingest["source"], ingest["cache_dir"])
+    if not root.is_dir():
+        raise SourceError(f"{root} (ingest.source, or its S3 mirror) is not a directory: the ingested videos are "
+                          "read from there; put them back, or run ingest on where they are now")
+    return root

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from longlive_core.config import ConfigError, load_params, stage_config
 from longlive_core.data.roots import SourceError
 from longlive_core.io.atomic import write_json
+from longlive_core.models.weights import CheckpointError
 from longlive_core.progress import setup_logging
 from longlive_core.tracking.mlflow_run import StageRun, TrackingConfig
 
@@ -37,7 +38,7 @@ def run_stage(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable
         params = load_params()
         tracking = stage_config(TrackingConfig, "tracking", params) if "tracking" in params else TrackingConfig()
         cfg = prepare(params)
-    except (ConfigError, SourceError) as exc:  # the message says what to fix; nothing has started
+    except (ConfigError, SourceError, CheckpointError) as exc:  # the message says what to fix; nothing started
         log.error("%s: %s", stage, exc)
         return 2
     start = time.monotonic()
@@ -50,7 +51,8 @@ def run_stage(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable
             summary["mlflow_run_id"] = run.run_id
             write_json(summary, report_path(stage))
             run.log_artifact(report_path(stage))
-    except (ConfigError, SourceError) as exc:  # found only once working (an S3 bucket that answers no)
+    # what shows only once working (a bucket that says no, weights that do not fit their model)
+    except (ConfigError, SourceError, CheckpointError) as exc:
         log.error("%s: %s", stage, exc)
         return 2
     log.info("%s: %s (%.1fs)", stage, one_line(summary), summary["elapsed_s"])

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from longlive_core.data.captions import CaptionError, load_sidecar, parse_sidecar
+from longlive_core.data.captions import CaptionError, parse_sidecar, read_sidecar
 
 
 def test_whole_video_caption_covers_any_interval():
@@ -36,9 +36,9 @@ def test_malformed_sidecars_say_what_to_fix(data, message):
         parse_sidecar(data, "clip.json")
 
 
-def test_load_sidecar_reports_bad_json(tmp_path):
+def test_read_sidecar_reports_bad_json(tmp_path):
     (tmp_path / "a.json").write_text("{not json")
     with pytest.raises(CaptionError, match="a.json: not readable JSON"):
-        load_sidecar(tmp_path / "a.json")
+        read_sidecar(tmp_path / "a.json")
     (tmp_path / "b.json").write_text(json.dumps({"caption": "fine"}))
-    assert load_sidecar(tmp_path / "b.json").caption_for(0, 1) == "fine"
+    assert read_sidecar(tmp_path / "b.json")[0].caption_for(0, 1) == "fine"

@@ -158,6 +158,8 @@ def test_what_is_a_video_is_decided_by_its_content(tmp_path):
         write_video(src / name, TWO_SHOTS, 24, 96, 64, container=container, codec=codec)
     (src / "README").write_text("not a video, and no extension")
     (src / ".DS_Store").write_bytes(b"\0\1")  # hidden files are no candidates
+    (src / ".git/objects/ab").mkdir(parents=True)  # nor is anything in a hidden folder
+    (src / ".git/objects/ab/cdef0123").write_bytes(b"x" * 50)
     (src / "notes.txt").write_text("other")
     (src / "no_extension.json").write_text('{"caption": "a sidecar of a file with no extension"}')
     out = run_ingest(src, tmp_path / "state", min_duration_s=0.0)

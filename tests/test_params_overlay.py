@@ -185,7 +185,10 @@ def test_every_stage_config_parses_after_apply(production_params, tmp_path, monk
     ckpt.parent.mkdir(parents=True)
     ckpt.touch()
     for key in ("vae", "text_encoder"):
-        (tmp_path / prod["encode_latents"][key]).mkdir(parents=True)
+        folder = tmp_path / prod["encode_latents"][key]
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").touch()
     monkeypatch.chdir(tmp_path)
     assert stage_config(DemoDataConfig, "demo_data", prod).enabled is False
     assert stage_config(IngestConfig, "ingest", prod).min_duration_s == 16.0

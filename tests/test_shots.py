@@ -262,3 +262,35 @@ def test_the_process_pool_lets_go_of_each_result_once_consumed():
         tracemalloc.stop()
     # 24 results of 8 MB: held until the end they would peak near 192 MB; at most 2 x workers are in flight
     assert peak < 64 << 20, peak
+
+
+def test_a_video_whose_frame_rate_changed_is_split_again_and_replaces_its_rows(demo_manifest, tmp_path):
+    """The length rules count frames at the rate ingest measured: a new rate (a changed probe)
+    makes new rows, which supersede the old ones on every later read."""
+    raw, truth, m = demo_manifest
+    first = split(raw, m, tmp_path)
+    faster = m.copy()
+    faster.loc[faster["path"] == "sports/match.mp4", "fps"] = 48.0  # limits in frames double
+    again = split(raw, faster, tmp_path)
+    assert again.counts["videos_split"] == 1
+    match = again.shots[again.shots["path"] == "sports/match.mp4"]
+    assert (match["fps"] == 48.0).all() and not again.shots.duplicated(["video_id", "shot_index"]).any()
+    assert len(match) < len(first.shots[first.shots["path"] == "sports/match.mp4"])  # 4 s pieces, not 2 s
+    pd.testing.assert_frame_equal(split(raw, faster, tmp_path).shots, again.shots)  # and it stays so
+
+
+def test_parts_left_by_a_kill_inside_compaction_never_count_twice(tmp_path):
+    from longlive_core.io.parts import PartTable
+
+    table = PartTable(tmp_path, "pieces", ["video_id", "x"])
+    table.append(pd.DataFrame({"video_id": ["a", "a"], "x": [1, 2]}))
+    table.append(pd.DataFrame({"video_id": ["b"], "x": [3]}))
+    folded = table.read(latest_by="video_id")
+    folded.to_parquet(tmp_path / "pieces.parquet")  # compact wrote the folded file and died
+    assert len(table.files()) == 3
+    assert table.read(latest_by="video_id").sort_values(["video_id", "x"]).values.tolist() == [["a", 1], ["a", 2],
+                                                                                                 ["b", 3]]
+    table.append(pd.DataFrame({"video_id": ["a"], "x": [9]}))  # a later part supersedes a's rows
+    assert sorted(table.read(latest_by="video_id").values.tolist()) == [["a", 9], ["b", 3]]
+    table.compact(table.read(latest_by="video_id"))
+    assert [p.name for p in table.files()] == ["pieces.parquet"]

@@ -74,7 +74,9 @@ BAD_CONFIGS = [  # (stage, params changes, what the one line says)
     ("iqa_filter", {"iqa_filter": {"metric": "maniqa", "maniqa_checkpoint": "models/none.pt"}},
      "maniqa_checkpoint 'models/none.pt' is not a file"),
     ("encode_latents", {"encode_latents": {"vae": "models/no-vae"}},
-     "encode_latents.vae 'models/no-vae' is not a folder"),
+     "encode_latents.vae: no VAE at models/no-vae: put the Wan2.2 VAE there in the Diffusers layout"),
+    ("encode_latents", {"encode_latents": {"text_encoder": "."}},  # a folder, but no model in it
+     "encode_latents.text_encoder: no umT5 encoder at .: put google/umt5-xxl's encoder there"),
 ]
 
 

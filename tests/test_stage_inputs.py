@@ -99,3 +99,9 @@ def test_the_weights_stage_sees_weights_replaced_at_the_same_path(tmp_path, monk
     assert (tmp_path / "data/weights/iqa_filter.json").read_bytes() != identity
     for stage in ("iqa_filter", "encode_latents"):  # the stages that read weights depend on their file
         assert f"data/weights/{stage}.json" in STAGES[stage]["deps"]
+    # weights not there (a curation machine without the latent encoders) are recorded, not an error:
+    # the stage that reads them says what is missing when it runs
+    params["encode_latents"]["vae"] = str(tmp_path / "no-vae")
+    assert weights.body(weights.prepare(params), _Run())["files_changed"] == 1
+    vae = json.loads((tmp_path / "data/weights/encode_latents.json").read_text())["weights"]["vae"]
+    assert vae == {"path": str(tmp_path / "no-vae"), "sha256": "missing"}

@@ -79,7 +79,3 @@ def read_sidecar(path: str | Path) -> tuple[Sidecar, str]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CaptionError(f"{path.name}: not readable JSON ({exc})") from exc
     return parse_sidecar(data, path.name), hashlib.sha256(raw).hexdigest()
-
-
-def load_sidecar(path: str | Path) -> Sidecar:
-    return read_sidecar(path)[0]

@@ -6,7 +6,8 @@ path to read it from and a cheap fingerprint (mtime and size locally, ETag and s
 tells the ingest stage whether a file changed since its last run.
 
 Nothing outside the root is followed: symlinks whose target leaves the root are listed with a
-problem (so they get quarantined, not dropped), and symlinked directories are not descended into.
+problem (so they get quarantined, not dropped), and symlinked and hidden directories are not
+descended into.
 """
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-# S3's rules for new buckets: 3-63 characters, lowercase letters, digits, dots and hyphens,
-# beginning and ending with a letter or digit.
-_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# What any S3 store's bucket names are made of (AWS's older buckets and other stores also allow
+# capitals and underscores, so no more is checked here: the store answers for the rest).
+_BUCKET_NAME = re.compile(r"[A-Za-z0-9._-]{1,255}")
 
 
 def check_source_uri(uri: str) -> None:
@@ -49,9 +50,8 @@ def check_source_uri(uri: str) -> None:
     if not bucket:
         raise SourceError(f"ingest.source {uri!r} names no bucket: write s3://bucket/prefix")
     if not _BUCKET_NAME.fullmatch(bucket) or ".." in bucket:
-        raise SourceError(f"ingest.source {uri!r}: {bucket!r} is not a valid S3 bucket name (3-63 characters: "
-                          "lowercase letters, digits, dots and hyphens, starting and ending with a letter "
-                          "or digit); fix the bucket name")
+        raise SourceError(f"ingest.source {uri!r}: {bucket!r} is not an S3 bucket name (letters, digits, dots, "
+                          "hyphens and underscores); fix the bucket name")
 
 
 class LocalSource:
@@ -82,7 +82,8 @@ class LocalSource:
             for d in list(dirnames):
                 if os.path.islink(os.path.join(dirpath, d)):
                     skipped += 1
-            dirnames.sort()
+            # hidden folders (.git, .cache, a mirror's own) hold no videos, and their files have no extension
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
                 full = Path(dirpath) / name
                 rel = full.relative_to(self.root).as_posix()

@@ -105,8 +105,9 @@ def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, metric: Qu
     finally:
         flush()
     # keep what today's shots use, so the cache does not grow with every re-split
+    live = set(shots["clip_sha256"])
     table.compact(pd.DataFrame([{"clip_sha256": c, "key": key, "iqa_score": v[0], "motion_score": v[1]}
-                                for c, v in known.items() if c in set(shots["clip_sha256"])], columns=CACHE_COLUMNS))
+                                for c, v in known.items() if c in live], columns=CACHE_COLUMNS))
 
     threshold = cfg.thresholds[cfg.metric]
     out = shots.copy()

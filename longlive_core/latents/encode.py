@@ -34,9 +34,16 @@ from longlive_core.config import ConfigError
 from longlive_core.devices import pick_device
 from longlive_core.io.atomic import TMP_PREFIX, atomic_path, remove_unreferenced, write_parquet
 from longlive_core.latents.halo import Chunk, plan_chunks, receptive_field_latents
-from longlive_core.models.text import load_text_encoder, tiny_text_encoder
-from longlive_core.models.vae import TEMPORAL_STRIDE, build_vae, encode_video, frames_to_input, load_vae
-from longlive_core.models.weights import weights_identity
+from longlive_core.models.text import check_text_encoder_dir, load_text_encoder, tiny_text_encoder
+from longlive_core.models.vae import (
+    TEMPORAL_STRIDE,
+    build_vae,
+    check_vae_dir,
+    encode_video,
+    frames_to_input,
+    load_vae,
+)
+from longlive_core.models.weights import CheckpointError, weights_identity
 from longlive_core.progress import Progress
 from longlive_core.shots.clips import iter_timed_frames, read_clip
 from longlive_core.tracking.lineage import code_digest, digest_json
@@ -74,11 +81,12 @@ class EncodeLatentsConfig:
             raise ConfigError(f"{where}.clip.temporal_stride must be the VAE's, {TEMPORAL_STRIDE}")
         if self.clip.height % 32 or self.clip.width % 32:
             raise ConfigError(f"{where}.clip height and width must be multiples of 32 (VAE stride 16, DiT patch 2)")
-        for key in ("vae", "text_encoder"):
-            path = getattr(self, key)
-            if path != "tiny" and not Path(path).is_dir():
-                raise ConfigError(f"{where}.{key} {path!r} is not a folder: put the model there (the Diffusers or "
-                                  "transformers layout: config.json and safetensors), or set it to tiny for the demo")
+        for key, check in (("vae", check_vae_dir), ("text_encoder", check_text_encoder_dir)):
+            if getattr(self, key) != "tiny":
+                try:
+                    check(getattr(self, key))
+                except CheckpointError as exc:
+                    raise ConfigError(f"{where}.{key}: {exc} (or tiny, the demo's random model)") from exc
 
     def encode_params(self) -> dict:
         """The params the stored tensors depend on (not the device, selection or shard sizes)."""

@@ -73,13 +73,18 @@ def _tiny(dim: int, max_length: int) -> TextEncoder:
     return TextEncoder(UMT5EncoderModel(cfg).eval(), ByteTokenizer(), max_length)
 
 
+def check_text_encoder_dir(path: str | Path) -> None:
+    """Raises CheckpointError, saying what to put there, unless ``path`` holds an encoder to load."""
+    require_pretrained_dir(Path(path), "umT5 encoder", "put google/umt5-xxl's encoder there in the transformers "
+                           "layout (config.json, *.safetensors and the tokenizer files; the text_encoder/ and "
+                           "tokenizer/ folders of Wan-AI/Wan2.2-TI2V-5B-Diffusers merged)")
+
+
 def load_text_encoder(path: str | Path, max_length: int = 512, dtype: torch.dtype = torch.float32) -> TextEncoder:
     from transformers import AutoTokenizer, UMT5EncoderModel
 
     path = Path(path)
-    require_pretrained_dir(path, "umT5 encoder", "put google/umt5-xxl's encoder there in the transformers layout "
-                           "(config.json, *.safetensors and the tokenizer files; the text_encoder/ and tokenizer/ "
-                           "folders of Wan-AI/Wan2.2-TI2V-5B-Diffusers merged)")
+    check_text_encoder_dir(path)
     model = UMT5EncoderModel.from_pretrained(path, local_files_only=True, use_safetensors=True, torch_dtype=dtype)
     return TextEncoder(model.eval(), HFTokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True)),
                        max_length)

@@ -35,13 +35,17 @@ def build_vae(name: str):
     return AutoencoderKLWan(**VAE_CONFIGS[name]).eval()
 
 
+def check_vae_dir(path: str | Path) -> None:
+    """Raises CheckpointError, saying what to put there, unless ``path`` holds a VAE to load."""
+    require_pretrained_dir(Path(path), "VAE", "put the Wan2.2 VAE there in the Diffusers layout (config.json and "
+                           "diffusion_pytorch_model.safetensors, the vae/ folder of Wan-AI/Wan2.2-TI2V-5B-Diffusers)")
+
+
 def load_vae(path: str | Path):
     from diffusers import AutoencoderKLWan
 
-    path = Path(path)
-    require_pretrained_dir(path, "VAE", "put the Wan2.2 VAE there in the Diffusers layout (config.json and "
-                           "diffusion_pytorch_model.safetensors, the vae/ folder of Wan-AI/Wan2.2-TI2V-5B-Diffusers)")
-    return AutoencoderKLWan.from_pretrained(path, use_safetensors=True, local_files_only=True).eval()
+    check_vae_dir(path)
+    return AutoencoderKLWan.from_pretrained(Path(path), use_safetensors=True, local_files_only=True).eval()
 
 
 def frames_to_input(frames: np.ndarray, device: torch.device | str = "cpu",

@@ -19,7 +19,7 @@ class ShotsConfig:
     min_content_val: float = 15.0
     content_threshold: float = 27.0
     min_scene_len: int = 15  # frames between two cuts, the detector's own rule
-    downscale: int = 0  # frames shrink by this factor for detection; 0: to about 256 px wide
+    downscale: int = 0  # frames shrink by this factor for detection; 0: to 256 px on the longer side
     min_shot_s: float = 2.0  # shorter shots are rejected
     max_shot_s: float = 10.0  # longer shots are split into equal pieces
     clip_crf: int = 17  # x264 quality of stored clips; 0 is lossless

@@ -39,7 +39,7 @@ SHOT_COLUMNS = ["video_id", "shot_index", "scene_index", "start_frame", "end_fra
                 "duration_s", "num_frames", "fps", "path", "clip_shard", "clip_member", "clip_sha256"]
 REJECT_COLUMNS = ["video_id", "path", "shot_index", "scene_index", "start_frame", "end_frame", "start_s",
                   "end_s", "duration_s", "reason"]
-STATE_COLUMNS = ["video_id", "shot_index", "scene_index", "start_frame", "end_frame", "start_s", "end_s",
+STATE_COLUMNS = ["video_id", "fps", "shot_index", "scene_index", "start_frame", "end_frame", "start_s", "end_s",
                  "reason", "clip_shard", "clip_member", "clip_sha256"]
 SHARD_NAME = re.compile(r"shard-\d+\.tar")
 
@@ -90,7 +90,7 @@ def split_video(job: VideoJob) -> VideoShots:
     rows = []
     for i, piece in enumerate(pieces):
         clip = clips.get(i)
-        rows.append({"video_id": job.video_id, "shot_index": i, "scene_index": piece.scene_index,
+        rows.append({"video_id": job.video_id, "fps": job.fps, "shot_index": i, "scene_index": piece.scene_index,
                      "start_frame": piece.start_frame, "end_frame": piece.end_frame,
                      "start_s": times[piece.start_frame], "end_s": ends[piece.end_frame - 1], "reason": piece.reason,
                      "clip_member": f"{job.video_id}/{i:04d}.mp4" if clip is not None else None,
@@ -100,13 +100,14 @@ def split_video(job: VideoJob) -> VideoShots:
 
 class ShotsState:
     """Rows of every finished video, kept across runs under ``state_dir`` (a part file per closed
-    shard, folded into one at the end of a run) with the key they were made under."""
+    shard, folded into one at the end of a run) with the key they were made under. A video split
+    again (its frame rate changed) has its rows in a later part, which supersedes the earlier."""
 
     def __init__(self, state_dir: str | Path, key: str):
         self.table = PartTable(state_dir, "pieces", STATE_COLUMNS)
         meta = Path(state_dir) / "key.json"
         if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
-            self.rows = self.table.read()
+            self.rows = self.table.read(latest_by="video_id")
         else:
             if self.table.files():
                 log.info("shots params or code changed since the last run: every video is split again")
@@ -114,16 +115,19 @@ class ShotsState:
             self.rows = pd.DataFrame(columns=STATE_COLUMNS)
             write_json({"key": key}, meta)
 
-    @property
-    def done(self) -> set[str]:
-        return set(self.rows["video_id"])
+    def done(self, fps: dict[str, float]) -> set[str]:
+        """The videos split already at the frame rate ``fps`` gives them (the rate the length rules
+        and the detector's time settings were measured in)."""
+        made = self.rows.drop_duplicates("video_id").set_index("video_id")["fps"]
+        return {v for v, rate in made.items() if fps.get(v) == rate}
 
     def append(self, rows: list[dict]) -> None:
-        """Records finished videos (their shard is closed)."""
+        """Records finished videos (their shard is closed); they replace earlier rows of theirs."""
         if rows:
             part = pd.DataFrame(rows, columns=STATE_COLUMNS)
             self.table.append(part)
-            self.rows = pd.concat([self.rows, part], ignore_index=True)
+            kept = self.rows[~self.rows["video_id"].isin(part["video_id"])]
+            self.rows = pd.concat([kept, part], ignore_index=True)
 
     def compact(self, keep_videos: set[str]) -> None:
         """Keeps only the rows of ``keep_videos``, in one file."""
@@ -169,7 +173,7 @@ def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir
                  executor: Executor) -> ShotsOutcome:
     ok = manifest[manifest["status"] == "ok"]
     state = ShotsState(state_dir, split_key(cfg))
-    done = state.done
+    done = state.done(dict(zip(ok["video_id"], ok["fps"].astype(float))))
     todo = [VideoJob(r.video_id, str(resolve_inside(root, r.path)), r.path, float(r.fps), int(r.num_frames), cfg)
             for r in ok.itertuples(index=False) if r.video_id not in done]
     writer = ShardWriter(clips_dir, int(cfg.shard_max_mb * 1024 * 1024))
@@ -185,7 +189,7 @@ def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir
     orphaned = int(gone["clip_shard"].isin(referenced).sum())  # clips of gone videos in shards still used
     shards_removed = remove_unreferenced(clips_dir, SHARD_NAME, referenced)
 
-    meta = ok.set_index("video_id")[["path", "fps"]]
+    meta = ok.set_index("video_id")[["path"]]  # the rows carry the fps they were split at
     live = state.rows.merge(meta, left_on="video_id", right_index=True)
     live = live.sort_values(["path", "shot_index"]).reset_index(drop=True)
     for col in ("start_frame", "end_frame", "shot_index", "scene_index"):
@@ -196,10 +200,10 @@ def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir
     # one dtype per column whether rows came from this run or from the parquet state
     shots = usable[SHOT_COLUMNS].reset_index(drop=True).astype(
         {"video_id": "str", "path": "str", "clip_shard": "str", "clip_member": "str", "clip_sha256": "str",
-         "start_s": "float64", "end_s": "float64", "duration_s": "float64"})
+         "start_s": "float64", "end_s": "float64", "duration_s": "float64", "fps": "float64"})
     short = live[live["reason"].notna()]
     failed = pd.DataFrame([{"video_id": v, "reason": r} for v, r in failed.items() if v in meta.index],
-                          columns=["video_id", "reason"]).merge(meta[["path"]], left_on="video_id", right_index=True)
+                          columns=["video_id", "reason"]).merge(meta, left_on="video_id", right_index=True)
     rejected = pd.concat([short[REJECT_COLUMNS], failed.reindex(columns=REJECT_COLUMNS)], ignore_index=True)
     rejected = rejected.astype({"shot_index": "Int64", "scene_index": "Int64", "start_frame": "Int64",
                                 "end_frame": "Int64", "video_id": "str", "path": "str", "reason": "str",

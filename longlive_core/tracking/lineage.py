@@ -124,10 +124,12 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
 
 
 def code_digest(module: str) -> str:
-    """A digest of the code ``module`` runs (``code_closure``), as parsed: comments, docstrings and
-    layout do not count, so editing them reruns a stage under DVC without redoing its cached work."""
+    """A digest of the code ``module`` runs (``code_closure``), as parsed and written back out:
+    comments, docstrings and layout do not count, so editing them reruns a stage under DVC without
+    redoing its cached work (``ast.unparse``'s text rather than ``ast.dump``'s, which changes with
+    Python versions)."""
     h = hashlib.sha256()
     for rel in code_closure(module):
         tree = _without_docstrings(ast.parse((REPO_ROOT / rel).read_text(encoding="utf-8")))
-        h.update(rel.as_posix().encode() + b"\0" + ast.dump(tree).encode() + b"\0")
+        h.update(rel.as_posix().encode() + b"\0" + ast.unparse(tree).encode() + b"\0")
     return h.hexdigest()

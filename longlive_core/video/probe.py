@@ -98,6 +98,7 @@ def probe_video(path: str | Path, decode_frames: int = 8) -> ProbeResult:
                              "MP4 or MKV (e.g. ffmpeg -i IN -c copy OUT.mkv)")
         tb: Fraction = stream.time_base or Fraction(1, 1)
         pts: list[int] = []
+        last_pts, last_duration = None, 0  # of the latest video frame: one may be held long
         span = [math.inf, -math.inf]  # seconds from the earliest packet start to the latest end, any stream
         first: _Group | None = None
         last: _Group | None = None
@@ -110,6 +111,8 @@ def probe_video(path: str | Path, decode_frames: int = 8) -> ProbeResult:
                 span[1] = max(span[1], float((packet.pts + (packet.duration or 0)) * ptb))
                 if packet.stream.index != stream.index:
                     continue
+                if last_pts is None or packet.pts >= last_pts:
+                    last_pts, last_duration = packet.pts, packet.duration or 0
                 pts.append(packet.pts)
                 if packet.is_keyframe:
                     last = _Group(decode_frames)
@@ -138,7 +141,8 @@ def probe_video(path: str | Path, decode_frames: int = 8) -> ProbeResult:
         deltas = [b - a for a, b in zip(order, order[1:]) if b > a]
         rate = stream.average_rate or stream.guessed_rate or 25
         step = min(deltas) if deltas else max(1, round(1 / (rate * tb)))
-        duration_s = float((order[-1] - order[0] + step) * tb)
+        # the span to the end of the last frame: its own duration where the container gives one
+        duration_s = float((order[-1] - order[0] + max(step, last_duration)) * tb)
         num_frames = len(pts)
         fps = num_frames / duration_s if duration_s > 0 else float(stream.average_rate or 0)
         if not math.isfinite(fps) or fps <= 0:
