@@ -9,7 +9,7 @@ through ctypes. Each shape gets a plan once per thread: the matmul descriptor (d
 and beta, the operand transposes, the bias epilogue), the four matrix layouts and the algorithm the
 heuristic picks, under a preference that keeps split-K partial sums in float32 (the reference adds
 in float32). A call then costs the host one cuBLASLt call and the output's allocation: the
-per-call handle mode switches of cublasGemmEx (bench/RESULTS.md, session 8) are gone, and the bias
+per-call handle mode switches of cublasGemmEx (bench/RESULTS.md, iteration 8) are gone, and the bias
 is added by the epilogue instead of being copied into the output first. The workspace is allocated
 per call from torch's caching allocator on the current stream, so streams and CUDA graph captures
 order it as they order any tensor.

@@ -109,7 +109,7 @@ if triton is not None:
         Triton emits first moves the high half down (two for it). m65536 is 65536 as a value the
         compiler cannot see (_opaque), so the multiply stays an IMAD on the FMA pipe instead of
         becoming a shift on the integer one, which the RHT codes kernel keeps the busier
-        (bench/RESULTS.md, session 10)."""
+        (bench/RESULTS.md, iteration 10)."""
         if _HW_ROUND and v.dtype == tl.bfloat16:
             # pack=2: two bfloat16 in $2, and m65536 twice ($3, $4)
             w = tl.inline_asm_elementwise("{ mul.lo.u32 $0, $2, $3; and.b32 $1, $2, 0xffff0000; }", "=r,=r,r,r,r",
@@ -422,9 +422,9 @@ if triton is not None:
     def _round_one(v, IS_BF16: tl.constexpr):
         """_round_input; on the GPU for bfloat16 one convert with a zero partner, whose word is then
         the rounded value as float32 (bfloat16 bits above sixteen zeros): one instruction per value,
-        where converting pairs and unpacking them took 1.5 (bench/RESULTS.md, session 9). The asm
+        where converting pairs and unpacking them took 1.5 (bench/RESULTS.md, iteration 9). The asm
         hands back a float register: from an int32 bitcast, LLVM turned some later |v| into integer
-        masks (a LOP3 each) instead of modifiers on the instructions that use them (session 10)."""
+        masks (a LOP3 each) instead of modifiers on the instructions that use them (iteration 10)."""
         if IS_BF16 and _HW_ROUND:
             return tl.inline_asm_elementwise(
                 "{ .reg .b32 z, w; mov.b32 z, 0; cvt.rn.bf16x2.f32 w, $1, z; mov.b32 $0, w; }", "=f,f", [v],
@@ -474,7 +474,7 @@ if triton is not None:
         tile's plain and transformed maxima (the transformed one rounded once, see _rht16) into the
         int32 words at plain_max_ptr and max_ptr instead (_atomic_amax). PACKED_AMAX: the RHT'd
         bfloat16 block amax by paired maxima (on the H200 the slice kernel gains ~1 us from it at
-        8192^2 and the block kernel loses 1-2 us: bench/RESULTS.md, session 8)."""
+        8192^2 and the block kernel loses 1-2 us: bench/RESULTS.md, iteration 8)."""
         if AMAX_ONLY:  # the plain amax too, from the same read (both operands of one tensor)
             plain = _amax16(x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15)
             _atomic_amax(plain_max_ptr, _tile_max(plain))
@@ -693,7 +693,7 @@ if triton is not None:
                 hi_word = _word(x8, x9, x10, x11, x12, x13, x14, x15, enc, sixteen, True)
             # one 64-bit word per block: a warp's store then fills whole 32-byte sectors, where two
             # 32-bit stores each wrote half of every sector (L2 write sectors 2.21M -> 1.77M at 8192^2,
-            # bench/RESULTS.md session 9)
+            # bench/RESULTS.md iteration 9)
             lo_word = lo_word.to(tl.int64) & 0xFFFFFFFF
             hi_word = hi_word.to(tl.int64) << 32
             tl.store(codes_ptr + rm[:, None] * (K // 16) + rg[None, :], hi_word | lo_word, mask=mask)
@@ -725,8 +725,8 @@ TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
 AMAX_TILE = {"BLOCK_SIZE": 8192, "ITERS": 8, "num_warps": 16}  # bench/nvfp4_quant.py block_sweep
 # the block kernel's tile per use (bench/nvfp4_quant.py block_sweep): 4 blocks per thread for the codes
-# (plain and RHT'd: 0.060 -> 0.059 ms at 8192^2 for the RHT, 2 -> 4 blocks, session 9; 16x16 tiles: 16 rows,
-# 4 warps, 0.057 ms, where 16x16 with 2 warps swept at 0.054 but has not had the selfcheck, session 10), 1
+# (plain and RHT'd: 0.060 -> 0.059 ms at 8192^2 for the RHT, 2 -> 4 blocks, iteration 9; 16x16 tiles: 16 rows,
+# 4 warps, 0.057 ms, where 16x16 with 2 warps swept at 0.054 but has not had the selfcheck, iteration 10), 1
 # for the amaxes
 BLOCK_TILES = {"codes": {"BM": 1, "G": 512, "num_warps": 4}, "codes_rht": {"BM": 1, "G": 512, "num_warps": 4},
                "codes_16x16": {"BM": 16, "G": 32, "num_warps": 4}, "amaxes": {"BM": 4, "G": 128, "num_warps": 4}}

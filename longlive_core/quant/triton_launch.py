@@ -5,7 +5,7 @@ CPU (bench/tools/launch_cost.py): Triton binds and specializes every argument, b
 cache key, checks the kernel's globals and, with its default (empty) launch-hook chains, builds
 launch metadata and calls both hooks. The emulated NVFP4 linear launches about eight such kernels
 per training step, so at its smallest Wan-5B shape (3072 -> 3072, 16K tokens) an eager step was
-bound by this host time (bench/RESULTS.md, session 6).
+bound by this host time (bench/RESULTS.md, iteration 6).
 
 :class:`CachedLaunch` keys compiled kernels by what Triton specializes on: per tensor its dtype and
 16-byte alignment, per integer whether it is 1, divisible by 16 and in int32 (or int64) range,
