@@ -81,10 +81,10 @@ def block_sweep(xs, uses=("codes", "codes_rht", "codes_16x16", "amaxes")) -> Non
     shapes = {"codes": ((1, 256, 8), (1, 512, 8), (1, 512, 4), (2, 256, 4), (2, 512, 8), (4, 128, 4)),
               # 4 blocks per thread (1x512x4, 2x512x8, 2x256x4): 22.7 SASS instructions per element
               # against 24.0 at 2 (bench/tools/kernel_asm.py), but 96 registers against 64, and no
-              # faster on the H200 (RESULTS, session 7); 4x256x4 (8 blocks, 255 registers) slower. Since
-              # session 9's kernel changes (64-bit code stores, one convert per rounded value, rcp.rn) the
+              # faster on the H200 (RESULTS, iteration 7); 4x256x4 (8 blocks, 255 registers) slower. Since
+              # iteration 9's kernel changes (64-bit code stores, one convert per rounded value, rcp.rn) the
               # RHT codes run fastest at 4 blocks per thread: 1x512x4 and 1x256x2 0.059 ms, 1x512x8 0.060
-              # (session 10's kernel: 1x512x4, 1x256x2 and 1x128x1 0.056, 1x512x8 0.058)
+              # (iteration 10's kernel: 1x512x4, 1x256x2 and 1x128x1 0.056, 1x512x8 0.058)
               "codes_rht": ((1, 512, 8), (1, 512, 4), (1, 256, 2), (1, 128, 1), (1, 1024, 8), (2, 512, 8),
                             (2, 256, 4), (4, 256, 4), (2, 256, 8), (4, 128, 8)),
               "codes_16x16": ((16, 32, 4), (16, 16, 2), (16, 64, 8), (32, 16, 4), (32, 32, 8), (64, 8, 4)),

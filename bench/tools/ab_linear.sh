@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The eager linear's 3072 -> 3072 row for the working tree and an older commit, alternated in fresh
 # processes on one machine (the lent machines' CPUs differ from call to call, and one process's
-# eager figure from the next by up to 0.3x: see RESULTS, session 7). Through the device tool:
+# eager figure from the next by up to 0.3x: see RESULTS, iteration 7). Through the device tool:
 #   bash bench/tools/ab_linear.sh OLD_COMMIT [PAIRS=2] [TOKENS=16384]
 set -eu
 old=$1

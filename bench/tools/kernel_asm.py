@@ -2,11 +2,11 @@
 layout conversions (shared-memory round trips) in the TTGIR, PTX instructions per element, and the
 SASS instructions on the main path (up to the last EXIT, so not the IEEE division's slow path) per
 element, split by the pipe they run on, with the most frequent opcodes. The block kernel's codes
-take one of two branches on S_enc (session 10: a +0.0 per element where products could underflow);
+take one of two branches on S_enc (iteration 10: a +0.0 per element where products could underflow);
 the main path counts both, so it overstates the branch the benches take (RHT codes: 21.8 printed,
 19.9 on that branch). The RHT codes kernel
-tracked the SASS figure in sessions 4-5 (0.074 -> 0.062 ms for 902 -> 768 instructions) but not in
-session 8, where 0.2-0.8 fewer per element moved it by -1.5 to +2 us: a count is a lead, the GPU
+tracked the SASS figure in iterations 4-5 (0.074 -> 0.062 ms for 902 -> 768 instructions) but not in
+iteration 8, where 0.2-0.8 fewer per element moved it by -1.5 to +2 us: a count is a lead, the GPU
 decides (bench/RESULTS.md).
 
     .venv/bin/python bench/tools/kernel_asm.py [--out DIR]   # also writes the .ttgir/.ptx there
@@ -88,7 +88,7 @@ def sass_main_path(cubin: bytes) -> list[str]:
 
 
 # the sm_90 pipes I take the opcodes to run on (my reading of the architecture, not a measurement): the
-# integer/compare pipe takes 2 cycles per warp instruction per SMSP, the FMA pipe 1 (bench/RESULTS.md, session 8)
+# integer/compare pipe takes 2 cycles per warp instruction per SMSP, the FMA pipe 1 (bench/RESULTS.md, iteration 8)
 INT_PIPE = {"FMNMX", "FSETP", "LOP3", "SHF", "IADD3", "LEA", "ISETP", "SEL", "FSEL", "PRMT", "HMNMX2", "VIADD",
             "F2FP", "FCHK", "IMNMX", "VIMNMX"}
 FMA_PIPE = {"FFMA", "FADD", "FMUL", "IMAD", "HFMA2", "HADD2", "HMUL2"}
