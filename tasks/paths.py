@@ -29,6 +29,10 @@ LATENT_SHARDS = LATENTS / "shards"
 LATENT_INDEX = LATENTS / "index.parquet"
 LATENTS_FAILED = LATENTS / "failed.parquet"
 
+AR_MODEL = Path("models/ar")  # train_ar's model folder (MISSION.md "Model folders")
+AR_CHECKPOINTS = Path("checkpoints/train_ar")  # persist: true in dvc.yaml, so a rerun resumes
+TRAIN_AR_HISTORY = Path("reports/train_ar/history.jsonl")
+
 WEIGHTS = Path("data/weights")  # one file per stage that reads pretrained weights: their digests
 
 

@@ -20,7 +20,8 @@ from tasks.paths import WEIGHTS
 from tasks.stage import main_for
 
 # the params, per reading stage, that name weights ("tiny": the built-in random models, no file)
-WEIGHT_PARAMS = {"iqa_filter": ("maniqa_checkpoint",), "encode_latents": ("vae", "text_encoder")}
+WEIGHT_PARAMS = {"iqa_filter": ("maniqa_checkpoint",), "encode_latents": ("vae", "text_encoder"),
+                 "train_ar": ("init",)}
 
 
 @dataclasses.dataclass(frozen=True)

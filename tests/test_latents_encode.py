@@ -88,7 +88,9 @@ def test_a_rerun_redoes_what_changed_and_drops_what_left(tmp_path):
         return counts, pd.read_parquet(out / "index.parquet")
 
     first, index = run(samples, shots)
-    assert first["samples_encoded"] == 1 and list(index["caption"]) == ["one", "two"]
+    # later shots' prompts carry the scene-transition prefix; the empty prompt is stored once, for guidance
+    assert first["samples_encoded"] == 1 and list(index["caption"]) == ["one", "The scene transitions. two"]
+    assert load_file(out / "empty_prompt.safetensors")["text"].shape == (16, 32)
     # a changed split is metadata: the latents stay, the index follows (no val rows left in train);
     # a temporary a killed run left behind is cleared
     (out / "shards" / ".tmp-shard-00009.safetensors.abc").write_bytes(b"half")
@@ -100,7 +102,7 @@ def test_a_rerun_redoes_what_changed_and_drops_what_left(tmp_path):
     edited = moved.assign(captions=[["one", "changed"]])
     counts, index = run(edited, shots)
     assert (counts["samples_encoded"], counts["samples_stale"], counts["shards_removed"]) == (1, 1, 1)
-    assert list(index["caption"]) == ["one", "changed"]
+    assert list(index["caption"]) == ["one", "The scene transitions. changed"]
     assert sorted(p.name for p in (out / "shards").iterdir()) == list(index["shard"].unique())
     # a re-cut clip (another member, another frame range) re-encodes with the new frames
     recut = shots.copy()

@@ -6,11 +6,13 @@ assembles the shot's latents, embeds the caption and writes the shards. A shot w
 normalisation fails is reported, and its sample skipped (a sample's shots stay consecutive).
 
 Output: ``shards/shard-NNNNN.safetensors`` (tensors ``<sample_id>/<k>/latents`` and
-``<sample_id>/<k>/text`` for the sample's k-th shot), an index (one row per shot) and the failed
-samples. Each sample's index rows carry a fingerprint of what its tensors were made from (its shots'
-clips and frame ranges, its captions, the encode settings and the model weights' identity): a rerun
-keeps the samples whose fingerprint still matches, re-encodes those whose inputs changed, drops the
-rows of samples gone from the samples table, refreshes the split column, and deletes shards no row refers
+``<sample_id>/<k>/text`` for the sample's k-th shot; shots after the first are encoded with "The
+scene transitions. " in front of their caption), an index (one row per shot, with the prompt as
+encoded), the failed samples and the empty prompt's embedding (for guidance). Each sample's index
+rows carry a fingerprint of what its tensors were made from (its shots' clips and frame ranges, its
+captions, the encode settings and the model weights' identity): a rerun keeps the samples whose
+fingerprint still matches, re-encodes those whose inputs changed, drops the rows of samples gone
+from the samples table, refreshes the split column, and deletes shards no row refers
 to. A shard is recorded in the index only once it is written.
 """
 from __future__ import annotations
@@ -34,7 +36,7 @@ from longlive_core.config import ConfigError
 from longlive_core.devices import pick_device
 from longlive_core.io.atomic import TMP_PREFIX, atomic_path, remove_unreferenced, write_parquet
 from longlive_core.latents.halo import Chunk, plan_chunks, receptive_field_latents
-from longlive_core.models.text import check_text_encoder_dir, load_text_encoder, tiny_text_encoder
+from longlive_core.models.text import check_text_encoder_dir, load_text_encoder, shot_prompts, tiny_text_encoder
 from longlive_core.models.vae import (
     TEMPORAL_STRIDE,
     build_vae,
@@ -51,6 +53,7 @@ from longlive_core.video.normalize import ClipFormat, ClipRejected, normalize_cl
 
 log = logging.getLogger(__name__)
 
+EMPTY_PROMPT = "empty_prompt.safetensors"  # beside the index: the empty caption's embedding, (T, D)
 INDEX_COLUMNS = ["sample_id", "shot", "video_id", "shot_index", "shard", "latents_key", "text_key", "latent_shape",
                  "num_frames", "caption", "split", "encode_key", "fingerprint"]
 
@@ -277,7 +280,8 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
     progress = Progress(log, "encode_latents", len(todo), "samples") if comm.rank == 0 else None
     start = time.perf_counter()
     for sample in todo.itertuples(index=False):
-        captions = list(sample.captions) if sample.captions is not None else [""] * len(sample.shot_indices)
+        captions = shot_prompts(list(sample.captions) if sample.captions is not None
+                                else [""] * len(sample.shot_indices))
         tensors, rows, reason = {}, [], None
         for k, shot_index in enumerate(sample.shot_indices):
             clip = None
@@ -325,6 +329,8 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
     # shards no index row points at: every sample in them was redone or dropped
     counts["shards_removed"] = remove_unreferenced(shard_dir, SHARD_NAME, set(index["shard"]))
     write_parquet(pd.DataFrame(failed, columns=["sample_id", "video_id", "reason"]), failed_path)
+    with atomic_path(index_path.parent / EMPTY_PROMPT) as tmp:  # the unconditional text of guidance, once
+        save_file({"text": text.encode([""])[0].to(store).contiguous()}, os.fspath(tmp))
     counts["frames_per_s"] = round(counts["frames_encoded"] / max(elapsed, 1e-9), 3)
     counts["halo_overhead"] = round(counts["latents_encoded"] / max(counts["latents_kept"], 1), 4)
     counts["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)

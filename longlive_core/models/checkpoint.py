@@ -124,11 +124,16 @@ def load_dit(path: str | Path, cfg: DiTConfig, dtype: torch.dtype | None = None,
 SHARD_PATTERN = "diffusion_pytorch_model*.safetensors*"  # the shards and the index save_dit writes
 
 
-def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 1024**3) -> None:
-    """Writes the original layout (safetensors shards plus a weight-map index) as a whole: into a
-    staging folder beside ``directory``, which then takes its place, so a crash leaves the old
-    checkpoint or the new one, never a mix (a crash between the two renames leaves the old one
-    aside, and the next save puts it back first). A folder holding anything else is refused."""
+CONFIG = "config.json"  # beside the weights: what rebuilds and runs the model (MISSION.md "Model folders")
+
+
+def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 1024**3,
+             config: dict | None = None) -> None:
+    """Writes the original layout (safetensors shards plus a weight-map index, and ``config`` as
+    config.json) as a whole: into a staging folder beside ``directory``, which then takes its place,
+    so a crash leaves the old checkpoint or the new one, never a mix (a crash between the two renames
+    leaves the old one aside, and the next save puts it back first). A folder holding anything else
+    is refused."""
     directory = Path(directory)
     if directory.is_symlink():
         raise CheckpointError(f"{directory} is a symbolic link; save the DiT into a real folder")
@@ -137,7 +142,7 @@ def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 10
     if not directory.exists() and replaced.is_dir():  # a save died between its two renames
         os.replace(replaced, directory)
     if directory.exists():
-        foreign = sorted(p.name for p in directory.iterdir() if not p.match(SHARD_PATTERN))
+        foreign = sorted(p.name for p in directory.iterdir() if not p.match(SHARD_PATTERN) and p.name != CONFIG)
         if foreign:
             raise CheckpointError(f"{directory} holds other files ({', '.join(foreign[:5])}); save the DiT into "
                                   "an empty folder or one that holds only an earlier save_dit checkpoint")
@@ -163,6 +168,8 @@ def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 10
     index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
              "weight_map": weight_map}
     write_json(index, staging / "diffusion_pytorch_model.safetensors.index.json")
+    if config is not None:
+        write_json(config, staging / CONFIG)
     if directory.exists():
         os.replace(directory, replaced)
     os.replace(staging, directory)

@@ -14,6 +14,12 @@ import torch
 from longlive_core.models.weights import require_pretrained_dir
 
 PAD, EOS, BYTE_OFFSET = 0, 1, 3
+SCENE_TRANSITION = "The scene transitions. "  # in front of every shot's caption after the first (REFERENCE.md §2)
+
+
+def shot_prompts(captions: list[str]) -> list[str]:
+    """The prompts a multi-shot sample's shots are encoded with, in training and in inference alike."""
+    return [c if k == 0 else SCENE_TRANSITION + c for k, c in enumerate(captions)]
 
 
 class ByteTokenizer:

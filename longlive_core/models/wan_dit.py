@@ -79,8 +79,10 @@ class Block(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(d, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, d))
         self.modulation = nn.Parameter(torch.randn(1, 6, d) / d**0.5)
 
-    def forward(self, x, context, t_mod, frames: int, rope, mask_mod, attention_fn):
-        """x (B, L, dim); t_mod (B, F or 1, 6, dim) float32 per-frame modulation."""
+    def forward(self, x, context, t_mod, frames: int, rope, mask_mod, attention_fn, cross_mask_mod=None):
+        """x (B, L, dim); t_mod (B, F or 1, 6, dim) float32 per-frame modulation. Only self-attention
+        goes through ``attention_fn`` (sequence parallelism swaps it); cross-attention reads the
+        text, which every rank holds whole, locally."""
         b, n, d = x.shape
         shift, scale, gate, c_shift, c_scale, c_gate = (self.modulation[:, None] + t_mod).unbind(2)
 
@@ -90,7 +92,7 @@ class Block(nn.Module):
         h = modulate(per_frame(self.norm1(x)), shift, scale).view(b, n, d).type_as(x)
         h = self.self_attn(h, rope=rope, mask_mod=mask_mod, attention_fn=attention_fn)
         x = (per_frame(x) + per_frame(h) * gate[:, :, None]).view(b, n, d).type_as(x)
-        x = x + self.cross_attn(self.norm3(x).type_as(x), context, attention_fn=attention_fn)
+        x = x + self.cross_attn(self.norm3(x).type_as(x), context, mask_mod=cross_mask_mod)
         h = modulate(per_frame(self.norm2(x)), c_shift, c_scale).view(b, n, d).type_as(x)
         h = self.ffn(h)
         return (per_frame(x) + per_frame(h) * c_gate[:, :, None]).view(b, n, d).type_as(x)
@@ -124,9 +126,12 @@ class WanDiT(nn.Module):
         self.attention_fn = attend  # sequence parallelism swaps this for an all-to-all wrapper
 
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, text: torch.Tensor,
-                frame_positions: torch.Tensor | None = None, mask_mod: MaskMod | None = None) -> torch.Tensor:
+                frame_positions: torch.Tensor | None = None, mask_mod: MaskMod | None = None,
+                cross_mask_mod: MaskMod | None = None) -> torch.Tensor:
         """latents (B, C, F, H, W); timesteps (B,) or one per latent frame (B, F); text (B, T, text_dim);
-        frame_positions (F,) for RoPE (default 0..F-1); mask_mod over the token sequence (frame-major)."""
+        frame_positions (F,) for RoPE (default 0..F-1); mask_mod over the token sequence (frame-major);
+        cross_mask_mod over (video token, text token) pairs: per-shot captions are several texts
+        concatenated along T, each frame reading its own (``longlive_core.train.layout``)."""
         cfg = self.cfg
         b, _, f, hgt, wid = latents.shape
         pt, ph, pw = cfg.patch_size
@@ -148,7 +153,7 @@ class WanDiT(nn.Module):
         frames = t_mod.shape[1]
         context = self.text_embedding(text)
         for block in self.blocks:
-            x = block(x, context, t_mod, frames, rope, mask_mod, self.attention_fn)
+            x = block(x, context, t_mod, frames, rope, mask_mod, self.attention_fn, cross_mask_mod)
         out = self.head(x, t_emb, frames)  # (B, L, pt*ph*pw*C)
         out = out.view(b, fp, hp, wp, pt, ph, pw, cfg.out_channels).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return out.reshape(b, cfg.out_channels, fp * pt, hp * ph, wp * pw)

@@ -11,6 +11,8 @@ Public API (the training, distillation and merge code call these):
   RNE, output gradients 1x16 stochastic, RHT on both wgrad inputs), ``nvfp4-4over6`` (the same
   with Four-Over-Six scales on the forward operands).
 - ``NVFP4Linear``, ``NVFP4Recipe``: the converted layer and its settings.
+- ``set_forward_high_precision(model, on)``: the precision schedule's switch (forward GEMMs in the
+  input's precision, dgrad and wgrad NVFP4).
 - ``record_sqnr(model)``: per-layer SQNR of weights, activations and output gradients.
 - ``quantize_partial`` / ``emulated_mm``: the GEMM building blocks, for code that quantizes its own
   operands (attention, the W4A4 merge).
@@ -24,9 +26,16 @@ from longlive_core.quant.gemm import emulated_mm, quantize_partial
 from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
 from longlive_core.quant.numerics import SQNRRecord, record_sqnr
 from longlive_core.quant.nvfp4 import NVFP4Tensor, quantize_nvfp4
-from longlive_core.quant.recipe import DEFAULT_SKIP, RECIPES, ConversionReport, convert_linears
+from longlive_core.quant.recipe import (
+    DEFAULT_SKIP,
+    RECIPES,
+    ConversionReport,
+    convert_linears,
+    set_forward_high_precision,
+)
 
 __all__ = [
     "DEFAULT_SKIP", "RECIPES", "ConversionReport", "NVFP4Linear", "NVFP4Recipe", "NVFP4Tensor", "SQNRRecord",
     "convert_linears", "emulated_mm", "quantize_nvfp4", "quantize_partial", "record_sqnr",
+    "set_forward_high_precision",
 ]

@@ -82,3 +82,12 @@ def convert_linears(model: nn.Module, recipe: str, skip: tuple[str, ...] = DEFAU
         report.converted.append(name)
     log.info(report.summary())
     return report
+
+
+def set_forward_high_precision(model: nn.Module, on: bool) -> int:
+    """Switches every converted layer's forward GEMM to the input's precision (``on``) or back to
+    NVFP4; dgrad and wgrad stay NVFP4 either way. Returns how many layers it set."""
+    layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
+    for layer in layers:
+        layer.recipe = dataclasses.replace(layer.recipe, forward_high_precision=on)
+    return len(layers)

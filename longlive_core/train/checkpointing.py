@@ -1,0 +1,124 @@
+"""Training checkpoints with ``torch.distributed.checkpoint``: every rank writes its own shards of the
+model, the optimizer and the EMA; rank 0 then writes ``meta.json`` (the step, the run's digest,
+counters) and renames the folder into place, so a checkpoint without ``meta.json`` or still under
+its temporary name is from a killed save and is never read.
+
+A run resumes from the newest checkpoint only when its digest equals the current run's (the params
+that shape training, the latent index, the starting weights, the world layout). Otherwise every old
+checkpoint, with the step history that belongs to it, is moved to ``set_aside/<digest>/`` (the last
+set-aside run is kept, older ones are deleted) and the run starts fresh, saying why. The RNG needs
+no saving: every draw of a step is keyed by (seed, step, slot) or reseeded from them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from longlive_core.io.atomic import TMP_PREFIX, write_json
+
+log = logging.getLogger(__name__)
+STEP_DIR = re.compile(r"step-(\d{8})")
+META = "meta.json"
+HISTORY = "history.jsonl"  # one JSON line per completed step, beside the checkpoints it belongs to
+SET_ASIDE = "set_aside"
+
+
+class CheckpointStore:
+    def __init__(self, root: str | Path, digest: str, keep: int):
+        self.root, self.digest, self.keep = Path(root), digest, keep
+
+    @property
+    def history(self) -> Path:
+        return self.root / HISTORY
+
+    def _complete(self) -> list[tuple[int, Path]]:
+        found = []
+        for path in self.root.iterdir() if self.root.is_dir() else ():
+            m = STEP_DIR.fullmatch(path.name)
+            if m and (path / META).is_file():
+                found.append((int(m.group(1)), path))
+        return sorted(found)
+
+    def resume_step(self) -> tuple[int, str]:
+        """Rank 0: clears what killed saves left, sets aside another run's checkpoints; returns the
+        step to resume from (0: fresh) and why. Other ranks learn the answer from ``agree``."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for leftover in self.root.glob(f"{TMP_PREFIX}*"):
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink()
+        for path in self.root.iterdir():  # a step folder without meta.json: a save killed after its rename
+            if STEP_DIR.fullmatch(path.name) and not (path / META).is_file():
+                shutil.rmtree(path)
+        complete = self._complete()
+        if not complete:
+            self.history.unlink(missing_ok=True)
+            return 0, "no checkpoint: starting fresh"
+        step, path = complete[-1]
+        meta = json.loads((path / META).read_text())
+        if meta.get("digest") == self.digest:
+            self._truncate_history(step)
+            return step, f"resuming from {path} (step {step})"
+        old = str(meta.get("digest", "unknown"))[:16]
+        target = self.root / SET_ASIDE
+        shutil.rmtree(target, ignore_errors=True)
+        (target / old).mkdir(parents=True)
+        for _, p in complete:
+            os.replace(p, target / old / p.name)
+        if self.history.exists():
+            os.replace(self.history, target / old / HISTORY)
+        return 0, (f"the checkpoints in {self.root} are from another run (digest {old}: its params, latent index, "
+                   f"starting weights or world layout differ): set aside in {target / old}; starting fresh")
+
+    def _truncate_history(self, step: int) -> None:
+        """Drops the lines of steps after the checkpoint (a killed run logged them, then lost them)."""
+        if not self.history.exists():
+            return
+        lines = [ln for ln in self.history.read_text().splitlines() if ln.strip()]
+        kept = [ln for ln in lines if json.loads(ln)["step"] <= step]
+        if len(kept) != len(lines):
+            tmp = self.history.with_name(TMP_PREFIX + HISTORY)
+            tmp.write_text("".join(ln + "\n" for ln in kept))
+            os.replace(tmp, self.history)
+
+    def path(self, step: int) -> Path:
+        return self.root / f"step-{step:08d}"
+
+    def meta(self, step: int) -> dict[str, Any]:
+        return json.loads((self.path(step) / META).read_text())
+
+    def save(self, step: int, model, optimizer, extra_state: dict, meta: dict) -> None:
+        """Collective: every rank calls it."""
+        tmp = self.root / f"{TMP_PREFIX}step-{step:08d}"
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd, **extra_state}, checkpoint_id=str(tmp))
+        dist.barrier()
+        if dist.get_rank() == 0:
+            final = self.path(step)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            write_json({**meta, "step": step, "digest": self.digest}, final / META)
+            for _, old in self._complete()[:-self.keep]:
+                shutil.rmtree(old)
+        dist.barrier()
+
+    def load(self, step: int, model, optimizer, extra_state: dict) -> None:
+        """Collective: restores the model, the optimizer and ``extra_state``'s tensors in place."""
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd, **extra_state}
+        dcp.load(state, checkpoint_id=str(self.path(step)))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def agree(value: Any) -> Any:
+    """Rank 0's value on every rank (a small object made by this job's rank 0)."""
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]

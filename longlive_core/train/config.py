@@ -1,0 +1,123 @@
+"""The typed configuration of AR teacher-forcing training (``params.yaml``'s ``train_ar`` section)."""
+from __future__ import annotations
+
+import dataclasses
+
+from longlive_core.config import ConfigError
+from longlive_core.models.config import DIT_CONFIGS
+from longlive_core.quant.recipe import DEFAULT_SKIP, RECIPES
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.0, 0.999)
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max total grad norm; 0: no clipping (the norm is still measured and logged)
+
+    def validate(self, where: str) -> None:
+        if self.lr <= 0 or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"{where}: lr must be > 0 and betas two numbers in [0, 1); got {self.lr}, {self.betas}")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise ConfigError(f"{where}: grad_clip and weight_decay must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class EMAConfig:
+    decay: float = 0.99
+    start_step: int = 100  # before it the EMA copies the weights; from it on it averages them
+
+    def validate(self, where: str) -> None:
+        if not 0 <= self.decay < 1 or self.start_step < 0:
+            raise ConfigError(f"{where}: decay must be in [0, 1) and start_step >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionConfig:
+    recipe: str = "bf16"  # bf16 | nvfp4 | nvfp4-4over6 (quant.RECIPES)
+    skip: tuple[str, ...] = DEFAULT_SKIP  # globs of linear layers kept in high precision
+    keep_last_blocks: int = 0  # the last blocks stay BF16 (torchtitan's NVFP4 guide: about 15%)
+    forward_bf16_from_step: int | None = None  # from this step the forward GEMMs run BF16, dgrad/wgrad NVFP4
+    param_dtype: str = "bfloat16"  # the compute copy FSDP gathers; masters, grads and optimizer stay float32
+    sqnr_every: int = 50  # per-layer SQNR logged every N steps (NVFP4 recipes); 0: never
+
+    def validate(self, where: str) -> None:
+        if self.recipe not in RECIPES:
+            raise ConfigError(f"{where}.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
+        if self.param_dtype not in ("bfloat16", "float32"):
+            raise ConfigError(f"{where}.param_dtype must be bfloat16 or float32; got {self.param_dtype!r}")
+        if self.keep_last_blocks < 0 or self.sqnr_every < 0:
+            raise ConfigError(f"{where}: keep_last_blocks and sqnr_every must be >= 0")
+        if self.forward_bf16_from_step is not None and self.recipe == "bf16":
+            raise ConfigError(f"{where}.forward_bf16_from_step switches an NVFP4 recipe's forward; recipe is bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainARConfig:
+    model: str = "tiny"  # a DiT config name (models/config.py)
+    init: str = "tiny"  # tiny (random, seeded) | a local Wan2.2-TI2V-5B transformer folder (either layout)
+    init_seed: int = 0
+    seed: int = 0  # samples, windows, timesteps and noise are drawn from (seed, step, slot)
+    steps: int = 600
+    grad_accum: int = 2  # micro-batches of one sample per rank per step
+    chunk_frames: int = 8  # latent frames per chunk (num_frame_per_block): one timestep each
+    max_latent_frames: int = 96  # a longer sample is cut to a window of this many (a whole number of chunks)
+    shot_rope_offset: int = 8  # frame positions jump by this at each new shot
+    timestep_shift: float = 5.0
+    num_train_timesteps: int = 1000
+    optimizer: OptimizerConfig = OptimizerConfig()
+    ema: EMAConfig = EMAConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+    activation_checkpointing: str = "none"  # none | full | selective (op-level)
+    sharding: str = "full"  # full | hybrid (shard inside a node, replicate across nodes)
+    nnodes: int = 1
+    nproc: int = 1  # ranks per node (GPUs, or CPU processes)
+    device: str = "auto"
+    val_every: int = 50  # validation loss every N steps (and at the last); 0: never
+    val_samples: int = 8  # the first N val-split samples, at fixed timesteps and noise
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    log_every: int = 1
+    peak_tflops: float | None = None  # MFU's denominator; null: the device's dense BF16 datasheet figure
+    export_dtype: str = "bfloat16"  # the EMA weights written to models/ar/
+
+    # params that change nothing a checkpoint holds: a run may resume across a change of these
+    RESUMABLE_ACROSS = ("steps", "val_every", "val_samples", "checkpoint_every", "keep_checkpoints", "log_every",
+                        "peak_tflops", "export_dtype", "device")
+
+    def validate(self, where: str) -> None:
+        if self.model not in DIT_CONFIGS:
+            raise ConfigError(f"{where}.model must be one of {', '.join(DIT_CONFIGS)}; got {self.model!r}")
+        positive = ("steps", "grad_accum", "chunk_frames", "max_latent_frames", "num_train_timesteps", "nnodes",
+                    "nproc", "checkpoint_every", "keep_checkpoints", "log_every")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{where}.{key} must be at least 1; got {getattr(self, key)}")
+        if self.max_latent_frames % self.chunk_frames:
+            raise ConfigError(f"{where}.max_latent_frames ({self.max_latent_frames}) must be a multiple of "
+                              f"chunk_frames ({self.chunk_frames}): windows end on a chunk boundary")
+        if self.timestep_shift <= 0 or self.shot_rope_offset < 0 or self.val_every < 0 or self.val_samples < 0:
+            raise ConfigError(f"{where}: timestep_shift must be > 0; shot_rope_offset, val_every, val_samples >= 0")
+        if self.activation_checkpointing not in ("none", "full", "selective"):
+            raise ConfigError(f"{where}.activation_checkpointing must be none, full or selective; "
+                              f"got {self.activation_checkpointing!r}")
+        if self.sharding not in ("full", "hybrid"):
+            raise ConfigError(f"{where}.sharding must be full or hybrid; got {self.sharding!r}")
+        if self.sharding == "hybrid" and self.nnodes < 2:
+            raise ConfigError(f"{where}.sharding hybrid replicates across nodes: it needs nnodes >= 2")
+        if self.export_dtype not in ("bfloat16", "float32"):
+            raise ConfigError(f"{where}.export_dtype must be bfloat16 or float32; got {self.export_dtype!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.grad_accum
+
+    def resume_params(self) -> dict:
+        """What a checkpoint must have been trained with to be resumed."""
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if k not in self.RESUMABLE_ACROSS}

@@ -1,0 +1,156 @@
+"""DVC stage `train_ar`: AR teacher-forcing training on data/latents/, written to models/ar/ (the EMA
+weights as safetensors and config.json). The stage starts its ranks through torchrun
+(train_ar.nnodes x train_ar.nproc; gloo on the CPU, NCCL on GPUs) and re-enters this module in each;
+rank 0 logs to MLflow and writes reports/train_ar/. Checkpoints in checkpoints/train_ar/ (kept by DVC
+between runs) let a killed or extended run continue where it stopped."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from longlive_core.config import ConfigError, load_params, stage_config
+from longlive_core.devices import pick_device
+from longlive_core.latents.encode import EncodeLatentsConfig
+from longlive_core.models.checkpoint import save_dit
+from longlive_core.models.config import dit_config
+from longlive_core.models.vae import SPATIAL_STRIDE, TEMPORAL_STRIDE
+from longlive_core.models.weights import CheckpointError, weights_identity
+from longlive_core.progress import setup_logging
+from longlive_core.tracking.lineage import digest_file, digest_json, git_state
+from longlive_core.tracking.mlflow_run import StageRun, TrackingConfig
+from longlive_core.train.config import TrainARConfig
+from longlive_core.train.launch import torchrun_command, under_torchrun
+from longlive_core.train.trainer import TrainInputs, train
+from tasks.paths import AR_CHECKPOINTS, AR_MODEL, LATENT_INDEX, LATENTS, SAMPLES, TRAIN_AR_HISTORY
+from tasks.stage import run_stage
+
+STAGE = "train_ar"
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    train: TrainARConfig
+    latents: EncodeLatentsConfig
+
+
+def prepare(params: dict[str, Any]) -> Prepared:
+    cfg = stage_config(TrainARConfig, STAGE, params)
+    latents = stage_config(EncodeLatentsConfig, "encode_latents", params)
+    if not under_torchrun():  # each rank checks its own GPU once started
+        pick_device(cfg.device, f"{STAGE}.device")
+    if not LATENT_INDEX.is_file():
+        raise ConfigError(f"{LATENT_INDEX} is missing: run encode_latents first (dvc repro encode_latents)")
+    if cfg.init != "tiny":
+        init = Path(cfg.init)
+        if not (init.is_dir() and any(init.glob("*.safetensors"))) and init.suffix != ".safetensors":
+            raise CheckpointError(f"{STAGE}.init: no DiT weights at {init}: put the Wan2.2-TI2V-5B transformer there "
+                                  "(the original layout's safetensors shards with their index, or a Diffusers "
+                                  "transformer/ folder), or use tiny for the demo's random model")
+    return Prepared(cfg, latents)
+
+
+def run_digest(cfg: TrainARConfig) -> str:
+    """What a checkpoint must match to be resumed: the params that shape training, the latent index,
+    the starting weights and the world layout."""
+    return digest_json([cfg.resume_params(), digest_file(LATENT_INDEX), weights_identity(cfg.init),
+                        {"nnodes": cfg.nnodes, "nproc": cfg.nproc}])
+
+
+def model_config(p: Prepared, digest: str) -> dict:
+    """config.json of models/ar/: everything that rebuilds and runs the model without params.yaml."""
+    t, c = p.train, p.latents.clip
+    return {
+        "format": "longlive-dit",
+        "stage": STAGE,
+        "dit": {"name": t.model, **dataclasses.asdict(dit_config(t.model))},
+        "weights_dtype": t.export_dtype,
+        "latent": {"channels": dit_config(t.model).in_channels, "chunk_frames": t.chunk_frames,
+                   "height": c.height // SPATIAL_STRIDE, "width": c.width // SPATIAL_STRIDE,
+                   "temporal_stride": TEMPORAL_STRIDE, "spatial_stride": SPATIAL_STRIDE},
+        "video": {"fps": c.fps, "height": c.height, "width": c.width},
+        "vae": {"path": p.latents.vae, "seed": 0} if p.latents.vae == "tiny" else {"path": p.latents.vae},
+        "text_encoder": {"path": p.latents.text_encoder, "max_length": p.latents.text_max_length,
+                         **({"seed": 0} if p.latents.text_encoder == "tiny" else {})},
+        "sampling": {"kind": "flow-matching", "num_train_timesteps": t.num_train_timesteps,
+                     "timestep_shift": t.timestep_shift, "steps": None},  # not distilled: the full schedule
+        "multi_shot": {"shot_rope_offset": t.shot_rope_offset, "scene_transition_prefix": True},
+        "precision": {"recipe": t.precision.recipe, "skip": list(t.precision.skip),
+                      "keep_last_blocks": t.precision.keep_last_blocks},
+        "lineage": {**git_state("."), "latent_index_sha256": digest_file(LATENT_INDEX),
+                    "init": t.init, "init_sha256": weights_identity(t.init), "run_digest": digest},
+    }
+
+
+def export(p: Prepared, summary: dict, digest: str) -> None:
+    import torch
+
+    from longlive_core.models.wan_dit import WanDiT
+
+    with torch.device("meta"):
+        model = WanDiT(dit_config(p.train.model))
+    dtype = getattr(torch, p.train.export_dtype)
+    model.load_state_dict({k: v.to(dtype) for k, v in summary.pop("ema_state").items()}, strict=True, assign=True)
+    save_dit(model, AR_MODEL, config=model_config(p, digest))
+
+
+def body(p: Prepared, run) -> dict:
+    digest = run_digest(p.train)
+    inputs = TrainInputs(LATENTS, SAMPLES, AR_CHECKPOINTS, digest)
+    run.set_tags({"input.latent_index.sha256": digest_file(LATENT_INDEX), "train_ar.run_digest": digest})
+    summary = train(p.train, inputs, sink=lambda metrics, step: run.log_metrics(metrics, step=step))
+    import torch.distributed as dist
+
+    if dist.get_rank() != 0:
+        return summary
+    export(p, summary, digest)
+    TRAIN_AR_HISTORY.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(AR_CHECKPOINTS / "history.jsonl", TRAIN_AR_HISTORY)
+    run.set_tags({"mfu_denominator": summary["mfu_denominator"]})
+    run.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
+    run.log_artifact(TRAIN_AR_HISTORY)
+    run.log_artifact(AR_MODEL / "config.json")
+    return summary
+
+
+def one_line(s) -> str:
+    val = "" if s.get("final_val_loss") is None else f", val loss {s['final_val_loss']:.4f}"
+    loss = "n/a" if s.get("final_loss") is None else f"{s['final_loss']:.4f}"
+    return (f"{s['steps_run']} steps run to step {s['steps']} ({s['resume']}); loss {loss}{val}; "
+            f"{s['skipped_steps']} skipped; {s['conversion']}")
+
+
+def main() -> None:
+    setup_logging()
+    if not under_torchrun():  # validate once, then start the ranks
+        try:
+            cfg = prepare(load_params()).train
+            cmd = torchrun_command(f"tasks.{STAGE}", cfg.nnodes, cfg.nproc)
+        except (ConfigError, CheckpointError) as exc:
+            print(f"{STAGE}: {exc}", file=sys.stderr)
+            sys.exit(2)
+        os.execvp(cmd[0], cmd)
+    import torch
+    import torch.distributed as dist
+
+    device = pick_device(stage_config(TrainARConfig, STAGE, load_params()).device, f"{STAGE}.device")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=1))
+    try:
+        if dist.get_rank() == 0:
+            code = run_stage(STAGE, prepare, body, one_line)
+        else:
+            body(prepare(load_params()), StageRun(TrackingConfig(enabled=False), STAGE))
+            code = 0
+    finally:
+        dist.destroy_process_group()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
