@@ -70,6 +70,7 @@ class TrainARConfig:
     ema: EMAConfig = EMAConfig()
     precision: PrecisionConfig = PrecisionConfig()
     activation_checkpointing: str = "none"  # none | full | selective (op-level)
+    compile: bool = False  # torch.compile each block (after activation checkpointing, before FSDP)
     sharding: str = "full"  # full | hybrid (shard inside a node, replicate across nodes)
     nnodes: int = 1
     nproc: int = 1  # ranks per node (GPUs, or CPU processes)

@@ -1,5 +1,5 @@
 """What training applies to the model from outside, in torchtitan's order: the precision recipe,
-activation checkpointing, then FSDP2 sharding."""
+activation checkpointing, compilation, then FSDP2 sharding."""
 from __future__ import annotations
 
 import collections
@@ -81,6 +81,15 @@ def apply_activation_checkpointing(model: WanDiT, mode: str) -> None:
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
         else:
             model.blocks[i] = checkpoint_wrapper(block, context_fn=_selective_context, preserve_rng_state=False)
+
+
+def apply_compile(model: WanDiT) -> None:
+    """torch.compile per block, in place (parameter names unchanged): every block has the same code,
+    so one compilation serves them all."""
+    for block in model.blocks:
+        # static shapes: inductor 2.11 fails on the dynamic token count (CantSplit); a training run
+        # sees few lengths (most windows are max_latent_frames), each compiled once
+        block.compile(dynamic=False)
 
 
 def device_mesh(cfg: TrainARConfig, device_type: str) -> DeviceMesh:

@@ -36,6 +36,7 @@ from longlive_core.train.flow import FlowMatching
 from longlive_core.train.layout import TeacherForcingLayout
 from longlive_core.train.parallelize import (
     apply_activation_checkpointing,
+    apply_compile,
     apply_fsdp,
     apply_precision,
     build_model,
@@ -101,9 +102,11 @@ def sample_loss(model: WanDiT, batch: Batch, flow: FlowMatching, chunk: int, dev
     sigma = batch.sigma.to(device)
     x_t = flow.noised(x0, noise, sigma.repeat_interleave(chunk, dim=1)[:, None, :, None, None])
     text = s.text.reshape(1, -1, s.text.shape[-1]).to(device, dtype)
+    # one caption: every frame reads it, no mask needed (and none to build)
+    cross = layout.cross_mask(s.shot_of_frame[None].to(device)) if s.text.shape[0] > 1 else None
     out = model(layout.sequence(x0, x_t).to(dtype), layout.timesteps(flow.timestep(sigma)), text,
                 frame_positions=layout.frame_positions(s.positions.to(device)), mask_mod=layout.self_mask(),
-                cross_mask_mod=layout.cross_mask(s.shot_of_frame[None].to(device)))
+                cross_mask_mod=cross)
     return F.mse_loss(layout.noisy_part(out).float(), flow.target(x0, noise)), layout
 
 
@@ -160,6 +163,8 @@ class Trainer:
         check_inputs(model, self.train_set.load(self.train_set.sample_ids[0], cfg.chunk_frames, None))
         self.conversion = apply_precision(model, cfg.precision)
         apply_activation_checkpointing(model, cfg.activation_checkpointing)
+        if cfg.compile:
+            apply_compile(model)
         model.to(self.device)
         apply_fsdp(model, device_mesh(cfg, self.device.type), self.dtype)
         self.model = model
@@ -183,17 +188,33 @@ class Trainer:
             tokens += 2 * layout.frames * layout.tokens_per_frame
         return loss_sum, flops, tokens
 
+    def train_step(self, step: int) -> tuple[float, float, float, float]:
+        """One optimizer step (or, when the loss or gradient norm is not finite, none: the guard leaves
+        the weights, the optimizer and the EMA as they were). Returns the global (loss, grad norm,
+        FLOPs, tokens)."""
+        o = self.cfg.optimizer
+        loss_sum, flops, tokens = self.accumulate(step)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip if o.grad_clip else math.inf)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        loss_sum, flops, tokens = _sum_over_ranks([loss_sum, flops, tokens], self.device)
+        loss = loss_sum / self.cfg.global_batch
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.ema.update(self.model, step)
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm, flops, tokens
+
     def run(self, sink: MetricsSink | None = None, stop_after: int | None = None) -> dict:
         """Trains from the newest matching checkpoint to ``cfg.steps``; returns the summary and (on
         rank 0) the EMA weights under ``"ema_state"``. ``stop_after`` ends the run after that step,
         as a kill after a checkpoint would (for tests of resumption)."""
         cfg, o, rank, world, device = self.cfg, self.cfg.optimizer, self.rank, self.world, self.device
-        model, optimizer, ema, store = self.model, self.optimizer, self.ema, self.store
+        model, ema, store = self.model, self.ema, self.store
         start, why = agree(store.resume_step() if rank == 0 else None)
         log.info("train_ar: %s", why)
         skipped = 0
         if start:
-            store.load(start, model, optimizer, {"ema": ema.shadow})
+            store.load(start, model, self.optimizer, {"ema": ema.shadow})
             skipped = int(store.meta(start).get("skipped_steps", 0))
         peak, peak_name = peak_tflops(device, cfg.peak_tflops)
         last = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
@@ -213,19 +234,10 @@ class Trainer:
                 probe = (cfg.precision.recipe != "bf16" and cfg.precision.sqnr_every
                          and step % cfg.precision.sqnr_every == 0)
                 with record_sqnr(model) if probe else _nothing() as sqnr:
-                    loss_sum, flops, tokens = self.accumulate(step)
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                           o.grad_clip if o.grad_clip else math.inf)
-                grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-                loss_sum, flops, tokens = _sum_over_ranks([loss_sum, flops, tokens], device)
-                loss_value = loss_sum / cfg.global_batch
-                if math.isfinite(loss_value) and math.isfinite(grad_norm):
-                    optimizer.step()
-                    ema.update(model, step)
-                else:  # the guard: nothing of this step reaches the weights
+                    loss_value, grad_norm, flops, tokens = self.train_step(step)
+                if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
                     skipped += 1
                     log.warning("train_ar: step %d skipped: loss %s, grad norm %s", step + 1, loss_value, grad_norm)
-                optimizer.zero_grad(set_to_none=True)
                 done = step + 1
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
@@ -250,7 +262,7 @@ class Trainer:
                         sink(metrics, done)
                     progress.advance()
                 if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-                    store.save(done, model, optimizer, {"ema": ema.shadow}, {"skipped_steps": skipped})
+                    store.save(done, model, self.optimizer, {"ema": ema.shadow}, {"skipped_steps": skipped})
         finally:
             if history is not None:
                 history.close()

@@ -1,15 +1,17 @@
-"""One training run under torchrun, for the multi-process tests:
+"""Training runs under torchrun, for the multi-process tests, several in one launch (a launch costs
+more than a tiny run):
 
-    torchrun --nproc_per_node=N -m tests.helpers.train_worker CONFIG.json OUT_DIR [--stop-after K] [--grads]
+    torchrun --nproc_per_node=N -m tests.helpers.train_worker SPEC.json OUT_DIR
 
-CONFIG.json holds {"train_ar": {...}, "latents": dir, "checkpoints": dir}. Rank 0 writes
-OUT_DIR/summary.json and the EMA weights (ema.safetensors); with --grads, the whole gradients of
-step 0's micro-batches (grads.safetensors) and the loss sum, without an optimizer step.
+SPEC.json holds {"runs": [{"name", "train_ar": {...}, "latents", "checkpoints", "digest",
+"stop_after", "grads"}, ...]}, run in order. Rank 0 writes OUT_DIR/<name>/summary.json (with every
+metric the run logged) and the EMA weights (ema.safetensors); a "grads" run writes the whole
+gradients of step 0's micro-batches (grads.safetensors) and the loss sum, without an optimizer step.
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -22,40 +24,39 @@ from longlive_core.train.parallelize import clean_name
 from longlive_core.train.trainer import Trainer, TrainInputs
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("config")
-    ap.add_argument("out")
-    ap.add_argument("--stop-after", type=int)
-    ap.add_argument("--grads", action="store_true")
-    args = ap.parse_args()
-    spec = json.loads(Path(args.config).read_text())
+def run_one(spec: dict, out: Path) -> None:
     cfg = from_mapping(TrainARConfig, spec["train_ar"], "train_ar")
     latents = Path(spec["latents"])
-    inputs = TrainInputs(latents, latents / "samples.parquet", Path(spec["checkpoints"]), spec.get("digest", "d"))
+    trainer = Trainer(cfg, TrainInputs(latents, latents / "samples.parquet", Path(spec["checkpoints"]),
+                                       spec.get("digest", "d")))
+    rank0 = dist.get_rank() == 0
+    if rank0:
+        out.mkdir(parents=True, exist_ok=True)
+    if spec.get("grads"):
+        loss_sum, _, _ = trainer.accumulate(0)
+        total = torch.tensor([loss_sum], dtype=torch.float64)
+        dist.all_reduce(total)
+        grads = {clean_name(n): p.grad.full_tensor().contiguous() for n, p in trainer.model.named_parameters()}
+        if rank0:
+            save_file(grads, str(out / "grads.safetensors"))
+            (out / "summary.json").write_text(json.dumps({"loss_sum": float(total)}))
+        return
+    logged: list[dict] = []
+    summary = trainer.run(sink=lambda metrics, step: logged.append({"step": step, **metrics}),
+                          stop_after=spec.get("stop_after"))
+    summary["logged"] = logged
+    ema = summary.pop("ema_state")
+    if rank0:
+        save_file({k: v.contiguous() for k, v in ema.items()}, str(out / "ema.safetensors"))
+        (out / "summary.json").write_text(json.dumps(summary))
+
+
+def main() -> None:
+    spec_path, out = Path(sys.argv[1]), Path(sys.argv[2])
     dist.init_process_group("gloo")
-    out = Path(args.out)
     try:
-        trainer = Trainer(cfg, inputs)
-        if args.grads:
-            loss_sum, _, _ = trainer.accumulate(0)
-            total = torch.tensor([loss_sum], dtype=torch.float64)
-            dist.all_reduce(total)
-            grads = {clean_name(n): p.grad.full_tensor().contiguous() for n, p in trainer.model.named_parameters()}
-            if dist.get_rank() == 0:
-                out.mkdir(parents=True, exist_ok=True)
-                save_file(grads, str(out / "grads.safetensors"))
-                (out / "summary.json").write_text(json.dumps({"loss_sum": float(total)}))
-            return
-        logged: list[dict] = []
-        summary = trainer.run(sink=lambda metrics, step: logged.append({"step": step, **metrics}),
-                              stop_after=args.stop_after)
-        summary["logged"] = logged
-        ema = summary.pop("ema_state")
-        if dist.get_rank() == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            save_file({k: v.contiguous() for k, v in ema.items()}, str(out / "ema.safetensors"))
-            (out / "summary.json").write_text(json.dumps(summary))
+        for spec in json.loads(spec_path.read_text())["runs"]:
+            run_one(spec, out / spec["name"])
     finally:
         dist.destroy_process_group()
 

@@ -1,0 +1,146 @@
+"""One AR teacher-forcing training step at the real 5B block dimensions: tokens/s, MFU, peak memory.
+
+    PYTHONPATH=. python bench/train_step.py [--blocks 8] [--frames 8 16 24 32 36] [--recipes bf16 nvfp4]
+                               [--ac none full] [--compile 0 1] [--steps 4]
+
+The whole step as `train_ar` runs it (``Trainer.train_step``): one sample's forward and backward
+through the [clean; noisy] teacher-forcing sequence (FlexAttention block mask, 8-frame chunks),
+gradient clipping, AdamW and the EMA, on one GPU under FSDP2 (world 1), bf16 compute with float32
+masters. Samples are 44x80 latents (704x1280 video: 880 tokens per latent frame) of one shot with
+a 512-token caption, so F latent frames are 2 x 880 x F tokens. ``--blocks`` of the 30 are built
+(the optimizer state of all 30 does not fit one GPU beside the activations); MFU counts the
+linears and the unmasked attention pairs x 3 (``train/flops.py``) against the H200's 989 TFLOP/s
+dense BF16 datasheet figure. Median of ``--steps`` timed steps after two warm-up steps.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from longlive_core.models import config as model_configs
+from longlive_core.train import trainer as trainer_module
+from longlive_core.train.config import TrainARConfig
+from longlive_core.train.flops import PEAK_BF16_TFLOPS
+from longlive_core.train.trainer import Trainer, TrainInputs
+
+H, W, TEXT_TOKENS = 44, 80, 512
+
+
+def make_cache(root: Path, frames: int, text_dim: int) -> None:
+    (root / "shards").mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    save_file({"s/0/latents": torch.randn(48, frames, H, W, generator=g),
+               "s/0/text": torch.randn(TEXT_TOKENS, text_dim, generator=g)},
+              str(root / "shards/shard-00000.safetensors"))
+    pd.DataFrame([{"sample_id": "s", "shot": 0, "video_id": "s", "shot_index": 0, "shard": "shard-00000.safetensors",
+                   "latents_key": "s/0/latents", "text_key": "s/0/text", "latent_shape": [48, frames, H, W],
+                   "num_frames": 4 * frames - 3, "caption": "", "split": "train", "encode_key": "",
+                   "fingerprint": ""}]).to_parquet(root / "index.parquet", index=False)
+    pd.DataFrame([{"sample_id": "s", "sample_weight": 1.0}]).to_parquet(root / "samples.parquet", index=False)
+
+
+def fast_random_model(cfg: TrainARConfig):
+    """Random weights made on the GPU (a CPU init of a billion parameters takes longer than the bench)."""
+    from longlive_core.models.wan_dit import WanDiT
+
+    with torch.device("meta"):
+        model = WanDiT(model_configs.dit_config(cfg.model))
+    model.to_empty(device="cuda")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    return model.cpu()
+
+
+def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, rows: list[dict]) -> None:
+    cfg = TrainARConfig(model="bench", init="tiny", steps=10**6, grad_accum=1, chunk_frames=8,
+                        max_latent_frames=max(args.frames), activation_checkpointing=ac, compile=compiled,
+                        precision=dataclasses.replace(TrainARConfig().precision, recipe=recipe), device="cuda",
+                        val_every=0, ema=dataclasses.replace(TrainARConfig().ema, start_step=0))
+    trainer = Trainer(cfg, TrainInputs(cache, cache / "samples.parquet", cache / "ckpt", "bench"))
+    for frames in args.frames:
+        trainer.cfg = dataclasses.replace(cfg, max_latent_frames=frames)
+        tokens = 2 * frames * H * W // 4
+        row = {"recipe": recipe, "ac": ac, "compile": compiled, "blocks": args.blocks, "frames": frames,
+               "tokens": tokens}
+        try:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            times, flops = [], 0.0
+            for i in range(args.steps + 2):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                loss, _, flops, _ = trainer.train_step(i)
+                torch.cuda.synchronize()
+                if i >= 2:
+                    times.append(time.perf_counter() - t0)
+            step_s = statistics.median(times)
+            row.update({"step_ms": round(step_s * 1000, 1), "tokens_per_s": round(tokens / step_s),
+                        "tflops": round(flops / step_s / 1e12, 1),
+                        "mfu": round(flops / step_s / 1e12 / PEAK_BF16_TFLOPS["H200"], 4),
+                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "loss": round(loss, 4),
+                        "spread_ms": round((max(times) - min(times)) * 1000, 1)})
+        except torch.OutOfMemoryError:
+            row["error"] = "out of memory"
+            trainer.optimizer.zero_grad(set_to_none=True)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    del trainer
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--frames", type=int, nargs="+", default=[8, 16, 24, 32, 36])
+    ap.add_argument("--recipes", nargs="+", default=["bf16", "nvfp4"])
+    ap.add_argument("--ac", nargs="+", default=["none", "full"])
+    ap.add_argument("--compile", type=int, nargs="+", default=[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    base = model_configs.dit_config("wan2.2-ti2v-5b")
+    model_configs.DIT_CONFIGS["bench"] = dataclasses.replace(base, num_layers=args.blocks)
+    trainer_module.build_model = fast_random_model
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(minutes=30))
+    rows: list[dict] = []
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.blocks} blocks of wan2.2-ti2v-5b")
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp)
+        make_cache(cache, max(args.frames), base.text_dim)
+        for compiled in args.compile:
+            for recipe in args.recipes:
+                for ac in args.ac:
+                    run_config(args, cache, recipe, ac, bool(compiled), rows)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "train_step.json").write_text(json.dumps(rows, indent=1))
+    print("recipe  ac    compile frames tokens  step_ms  tok/s   TFLOP/s  MFU    peak GiB")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['recipe']:7} {r['ac']:5} {r['compile']!s:7} {r['frames']:6} {r['tokens']:6}  {r['error']}")
+        else:
+            print(f"{r['recipe']:7} {r['ac']:5} {r['compile']!s:7} {r['frames']:6} {r['tokens']:6} {r['step_ms']:8} "
+                  f"{r['tokens_per_s']:7} {r['tflops']:8} {r['mfu']:.3f} {r['peak_gib']:8}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
