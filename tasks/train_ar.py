@@ -25,7 +25,6 @@ from longlive_core.tracking.lineage import digest_file, digest_json, git_state
 from longlive_core.tracking.mlflow_run import StageRun, TrackingConfig
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.launch import torchrun_command, under_torchrun
-from longlive_core.train.trainer import TrainInputs, train
 from tasks.paths import AR_CHECKPOINTS, AR_MODEL, LATENT_INDEX, LATENTS, SAMPLES, TRAIN_AR_HISTORY
 from tasks.stage import run_stage
 
@@ -43,14 +42,14 @@ def prepare(params: dict[str, Any]) -> Prepared:
     latents = stage_config(EncodeLatentsConfig, "encode_latents", params)
     if not under_torchrun():  # each rank checks its own GPU once started
         pick_device(cfg.device, f"{STAGE}.device")
-    if not LATENT_INDEX.is_file():
-        raise ConfigError(f"{LATENT_INDEX} is missing: run encode_latents first (dvc repro encode_latents)")
     if cfg.init != "tiny":
         init = Path(cfg.init)
-        if not (init.is_dir() and any(init.glob("*.safetensors"))) and init.suffix != ".safetensors":
+        if not (init.is_dir() and any(init.glob("*.safetensors"))) and not init.is_file():
             raise CheckpointError(f"{STAGE}.init: no DiT weights at {init}: put the Wan2.2-TI2V-5B transformer there "
                                   "(the original layout's safetensors shards with their index, or a Diffusers "
                                   "transformer/ folder), or use tiny for the demo's random model")
+    if not LATENT_INDEX.is_file():
+        raise ConfigError(f"{LATENT_INDEX} is missing: run encode_latents first (dvc repro encode_latents)")
     return Prepared(cfg, latents)
 
 
@@ -99,6 +98,8 @@ def export(p: Prepared, summary: dict, digest: str) -> None:
 
 
 def body(p: Prepared, run) -> dict:
+    from longlive_core.train.trainer import TrainInputs, train  # torch.distributed's checkpointing: in the ranks only
+
     digest = run_digest(p.train)
     inputs = TrainInputs(LATENTS, SAMPLES, AR_CHECKPOINTS, digest)
     run.set_tags({"input.latent_index.sha256": digest_file(LATENT_INDEX), "train_ar.run_digest": digest})

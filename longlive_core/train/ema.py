@@ -20,13 +20,14 @@ class EMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module, step: int) -> None:
-        """After the optimizer step of ``step`` (0-based): a copy before ``start_step``, the average from it."""
-        for name, p in model.named_parameters():
-            shadow = _local(self.shadow[clean_name(name)])
-            if step < self.start_step:
-                shadow.copy_(_local(p.detach()))
-            else:
-                shadow.lerp_(_local(p.detach()).float(), 1.0 - self.decay)
+        """After the optimizer step of ``step`` (0-based): a copy before ``start_step``, the average from it.
+        One multi-tensor op over every local shard (the weights are float32 masters, like the shadow)."""
+        pairs = [(_local(self.shadow[clean_name(n)]), _local(p.detach())) for n, p in model.named_parameters()]
+        shadows, params = [s for s, _ in pairs], [p.float() for _, p in pairs]
+        if step < self.start_step:
+            torch._foreach_copy_(shadows, params)
+        else:
+            torch._foreach_lerp_(shadows, params, 1.0 - self.decay)
 
     def full_state_dict(self, keep: bool) -> dict[str, torch.Tensor]:
         """Collective: every averaged weight whole; on the CPU where ``keep``, else dropped."""

@@ -170,7 +170,8 @@ class Trainer:
         self.model = model
         o = cfg.optimizer
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas),
-                                           weight_decay=o.weight_decay, eps=o.eps)
+                                           weight_decay=o.weight_decay, eps=o.eps,
+                                           fused=self.device.type == "cuda")  # one kernel per step on GPUs
         self.ema = EMA(model, cfg.ema.decay, cfg.ema.start_step)
         self.store = CheckpointStore(inputs.checkpoints, inputs.digest, cfg.keep_checkpoints)
 

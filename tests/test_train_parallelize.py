@@ -1,0 +1,85 @@
+"""What training applies from outside the model: activation checkpointing changes no number, the
+precision schedule's forward switch, and the launcher's torchrun command."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from longlive_core.config import ConfigError
+from longlive_core.models.config import DIT_CONFIGS
+from longlive_core.models.wan_dit import WanDiT
+from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
+from longlive_core.quant.recipe import convert_linears, set_forward_high_precision
+from longlive_core.train.launch import RDZV_ENV, torchrun_command
+from longlive_core.train.layout import TeacherForcingLayout
+from longlive_core.train.parallelize import apply_activation_checkpointing, clean_name
+
+
+def loss_and_grads(mode: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = WanDiT(DIT_CONFIGS["tiny"])
+    apply_activation_checkpointing(model, mode)
+    g = torch.Generator().manual_seed(1)
+    layout = TeacherForcingLayout(4, 2, 4, 6)
+    x = torch.randn(1, 48, 8, 4, 4, generator=g)
+    text = torch.randn(1, 6, 32, generator=g)
+    out = model(x, layout.timesteps(torch.tensor([[800.0, 100.0]])), text,
+                frame_positions=layout.frame_positions(torch.arange(4)), mask_mod=layout.self_mask())
+    loss = out.square().mean()
+    loss.backward()
+    return loss.detach(), {clean_name(n): p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_changes_no_number(mode):
+    loss, grads = loss_and_grads("none")
+    loss_ac, grads_ac = loss_and_grads(mode)
+    assert torch.equal(loss, loss_ac) and grads.keys() == grads_ac.keys()
+    for name in grads:
+        torch.testing.assert_close(grads_ac[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_forward_high_precision_switches_only_the_forward_gemm():
+    torch.manual_seed(0)
+    base = torch.nn.Linear(64, 32)
+    fp4 = NVFP4Linear.from_linear(base, NVFP4Recipe(backend="torch"))
+    x = torch.randn(48, 64)
+    g = torch.randn(48, 32)
+
+    def run():
+        xi = x.clone().requires_grad_(True)
+        base.weight.grad = None
+        y = fp4(xi)
+        torch.manual_seed(5)  # the same stochastic rounding draws in both backwards
+        y.backward(g)
+        return y.detach(), xi.grad, base.weight.grad.clone()
+
+    y4, dx4, dw4 = run()
+    fp4.recipe = dataclasses.replace(fp4.recipe, forward_high_precision=True)
+    y16, dx16, dw16 = run()
+    assert torch.equal(y16, F.linear(x, base.weight, base.bias)) and not torch.equal(y4, y16)
+    assert torch.equal(dx4, dx16) and torch.equal(dw4, dw16)  # dgrad and wgrad stay NVFP4
+
+
+def test_set_forward_high_precision_reaches_every_converted_layer():
+    model = WanDiT(DIT_CONFIGS["tiny"])
+    report = convert_linears(model, "nvfp4")
+    assert set_forward_high_precision(model, True) == len(report.converted) > 0
+    assert all(m.recipe.forward_high_precision for m in model.modules() if isinstance(m, NVFP4Linear))
+    set_forward_high_precision(model, False)
+    assert not any(m.recipe.forward_high_precision for m in model.modules() if isinstance(m, NVFP4Linear))
+
+
+def test_torchrun_command(monkeypatch):
+    one = torchrun_command("tasks.train_ar", 1, 4)
+    assert one[1:] == ["-m", "torch.distributed.run", "--nproc_per_node=4", "--standalone", "--nnodes=1", "-m",
+                       "tasks.train_ar"]
+    monkeypatch.delenv(RDZV_ENV, raising=False)
+    with pytest.raises(ConfigError, match=RDZV_ENV):
+        torchrun_command("tasks.train_ar", 2, 4)
+    monkeypatch.setenv(RDZV_ENV, "node0:29500")
+    many = torchrun_command("tasks.train_ar", 2, 4, rdzv_id="job7")
+    assert "--nnodes=2" in many and "--rdzv_endpoint=node0:29500" in many and "--rdzv_id=job7" in many
