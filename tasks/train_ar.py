@@ -98,15 +98,16 @@ def export(p: Prepared, summary: dict, digest: str) -> None:
 
 
 def body(p: Prepared, run) -> dict:
+    import torch.distributed as dist
+
     from longlive_core.train.trainer import TrainInputs, train  # torch.distributed's checkpointing: in the ranks only
 
-    digest = run_digest(p.train)
+    rank0 = dist.get_rank() == 0
+    digest = run_digest(p.train) if rank0 else ""  # only rank 0 reads and writes checkpoint metadata
     inputs = TrainInputs(LATENTS, SAMPLES, AR_CHECKPOINTS, digest)
     run.set_tags({"input.latent_index.sha256": digest_file(LATENT_INDEX), "train_ar.run_digest": digest})
     summary = train(p.train, inputs, sink=lambda metrics, step: run.log_metrics(metrics, step=step))
-    import torch.distributed as dist
-
-    if dist.get_rank() != 0:
+    if not rank0:
         return summary
     export(p, summary, digest)
     TRAIN_AR_HISTORY.parent.mkdir(parents=True, exist_ok=True)

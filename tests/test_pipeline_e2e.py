@@ -53,7 +53,8 @@ def test_ingest_lists_every_file_with_lineage_in_mlflow(demo_repro):
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("longlive-pipeline")
     runs = {r.data.tags["dvc.stage"]: r for r in client.search_runs([exp.experiment_id])}
-    assert set(runs) == {"demo_data", "weights", "ingest", "shots", "iqa_filter", "assemble", "encode_latents"}
+    assert set(runs) == {"demo_data", "weights", "ingest", "shots", "iqa_filter", "assemble", "encode_latents",
+                         "train_ar"}
     ingest_run = runs["ingest"]
     assert ingest_run.info.run_id == report(repo, "ingest")["mlflow_run_id"]
     assert ingest_run.data.tags["git.commit"] == head

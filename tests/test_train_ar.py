@@ -50,10 +50,17 @@ def test_two_ranks_equal_one_rank_with_accumulation(tmp_path, latents):
     """The same two global slots: one rank x 2 micro-batches, or two ranks x 1: loss and every
     gradient agree within float32 tolerance (float32 compute, so only summation order differs)."""
     f32 = {"precision": {"param_dtype": "float32"}}
-    one = launch(tmp_path / "1", [{"name": "g", "latents": latents, "grads": True,
-                                   "train_ar": {**f32, "grad_accum": 2}}], 1)["g"]
-    two = launch(tmp_path / "2", [{"name": "g", "latents": latents, "grads": True,
-                                   "train_ar": {**f32, "grad_accum": 1}}], 2)["g"]
+    # and a step with validation over one val sample: the rank without one must still join FSDP's gathers
+    val = {**f32, "steps": 1, "val_every": 1, "val_samples": 1}
+    ones = launch(tmp_path / "1", [{"name": "g", "latents": latents, "grads": True,
+                                    "train_ar": {**f32, "grad_accum": 2}},
+                                   {"name": "val", "latents": latents, "train_ar": {**val, "grad_accum": 2}}], 1)
+    twos = launch(tmp_path / "2", [{"name": "g", "latents": latents, "grads": True,
+                                    "train_ar": {**f32, "grad_accum": 1}},
+                                   {"name": "val", "latents": latents, "train_ar": {**val, "grad_accum": 1}}], 2)
+    one, two = ones["g"], twos["g"]
+    assert ones["val"]["summary"]["final_val_loss"] == pytest.approx(twos["val"]["summary"]["final_val_loss"],
+                                                                     rel=1e-4)
     assert one["summary"]["loss_sum"] == pytest.approx(two["summary"]["loss_sum"], rel=1e-5)
     g1, g2 = load_file(one["out"] / "grads.safetensors"), load_file(two["out"] / "grads.safetensors")
     assert g1.keys() == g2.keys() and len(g1) > 20

@@ -125,10 +125,14 @@ def validate(model: WanDiT, data: LatentSamples, cfg: TrainARConfig, flow: FlowM
     total = 0.0
     model.eval()
     with torch.no_grad():
-        for sample_id in ids[rank::world]:
+        # every rank runs as many forwards (FSDP gathers weights collectively); a rank past the end
+        # repeats the first sample and does not count it
+        for i in range(-(-len(ids) // world)):
+            k = i * world + rank
+            sample_id = ids[k] if k < len(ids) else ids[0]
             loss, _ = sample_loss(model, draw_batch(data, cfg, flow, ("val", sample_id), sample_id), flow,
                                   cfg.chunk_frames, device, dtype)
-            total += float(loss)
+            total += float(loss) if k < len(ids) else 0.0
     model.train()
     total, = _sum_over_ranks([total], device)
     return total / len(ids)
