@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.config import DiTConfig
-from longlive_core.models.text import shot_prompts
+from longlive_core.models.text import SCENE_TRANSITION, shot_prompts
 from longlive_core.tracking.lineage import digest_lines
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
@@ -247,7 +247,8 @@ def test_an_edited_caption_and_re_encoded_clips_reach_every_later_stage(demo_rep
     cafe = samples[samples["path"] == "city night/café scène.mp4"]
     assert len(cafe) and all(c == edited for cs in cafe["captions"] for c in cs)
     index = pd.read_parquet(repo / "data/latents/index.parquet")
-    assert set(index.loc[index["sample_id"].isin(cafe["sample_id"]), "caption"]) == {edited}
+    prompts = index.loc[index["sample_id"].isin(cafe["sample_id"]), "caption"]
+    assert {p.removeprefix(SCENE_TRANSITION) for p in prompts} == {edited}
     # every clip is new (crf 30 is lossy), so every shot is scored afresh, none from the cache
     iqa = report(repo, "iqa_filter")
     scores = pd.read_parquet(repo / "data/iqa/scores.parquet")
