@@ -65,6 +65,19 @@ def fast_random_model(cfg: TrainARConfig):
     return model.cpu()
 
 
+def profile_step(trainer: Trainer, path: Path) -> None:
+    """One step under torch.profiler: GPU time per op, the largest first (where the step's time goes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        trainer.train_step(10**5)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(table)
+    print(table[:6000], flush=True)
+
+
 def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, rows: list[dict]) -> None:
     cfg = TrainARConfig(model="bench", init="tiny", steps=10**6, grad_accum=1, chunk_frames=8,
                         max_latent_frames=max(args.frames), activation_checkpointing=ac, compile=compiled,
@@ -97,6 +110,8 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, rows: li
                 fwd_bwd.append(time.perf_counter() - t0)
                 trainer.optimizer.zero_grad(set_to_none=True)
             row["fwd_bwd_ms"] = round(min(fwd_bwd) * 1000, 1)
+            if args.profile:
+                profile_step(trainer, Path(args.out) / f"profile-{recipe}-{ac}-{int(compiled)}-{frames}.txt")
             row.update({"step_ms": round(step_s * 1000, 1), "tokens_per_s": round(tokens / step_s),
                         "tflops": round(flops / step_s / 1e12, 1),
                         "mfu": round(flops / step_s / 1e12 / PEAK_BF16_TFLOPS["H200"], 4),
@@ -119,6 +134,7 @@ def main() -> None:
     ap.add_argument("--ac", nargs="+", default=["none", "full"])
     ap.add_argument("--compile", type=int, nargs="+", default=[0])
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--profile", action="store_true", help="also profile one step of each size")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     base = model_configs.dit_config("wan2.2-ti2v-5b")
