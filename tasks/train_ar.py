@@ -10,13 +10,12 @@ import datetime
 import os
 import shutil
 import sys
-from pathlib import Path
 from typing import Any
 
 from longlive_core.config import ConfigError, load_params, stage_config
 from longlive_core.devices import pick_device
 from longlive_core.latents.encode import EncodeLatentsConfig
-from longlive_core.models.checkpoint import save_dit
+from longlive_core.models.checkpoint import check_dit_weights, save_dit
 from longlive_core.models.config import dit_config
 from longlive_core.models.vae import SPATIAL_STRIDE, TEMPORAL_STRIDE
 from longlive_core.models.weights import CheckpointError, weights_identity
@@ -43,11 +42,10 @@ def prepare(params: dict[str, Any]) -> Prepared:
     if not under_torchrun():  # each rank checks its own GPU once started
         pick_device(cfg.device, f"{STAGE}.device")
     if cfg.init != "tiny":
-        init = Path(cfg.init)
-        if not (init.is_dir() and any(init.glob("*.safetensors"))) and not init.is_file():
-            raise CheckpointError(f"{STAGE}.init: no DiT weights at {init}: put the Wan2.2-TI2V-5B transformer there "
-                                  "(the original layout's safetensors shards with their index, or a Diffusers "
-                                  "transformer/ folder), or use tiny for the demo's random model")
+        try:
+            check_dit_weights(cfg.init)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{STAGE}.init: {exc} (or tiny, the demo's random model)") from exc
     if not LATENT_INDEX.is_file():
         raise ConfigError(f"{LATENT_INDEX} is missing: run encode_latents first (dvc repro encode_latents)")
     return Prepared(cfg, latents)

@@ -69,6 +69,14 @@ def _missing_weights(path: Path) -> CheckpointError:
         "or point the model path in params.yaml at where they are")
 
 
+def check_dit_weights(path: str | Path) -> None:
+    """Raises CheckpointError, saying what to put there, unless ``path`` holds safetensors weights
+    (a file, or a folder of shards) to read; a quick look before anything starts."""
+    path = Path(path)
+    if not (path.is_file() or (path.is_dir() and any(path.glob("*.safetensors")))):
+        raise _missing_weights(path)
+
+
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a .safetensors file, or of a directory's shards (through its index when it has one)."""
     path = Path(path)

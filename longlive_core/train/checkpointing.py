@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from longlive_core.io.atomic import TMP_PREFIX, write_json
+from longlive_core.io.atomic import TMP_PREFIX, write_bytes, write_json
 
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"step-(\d{8})")
@@ -84,9 +84,7 @@ class CheckpointStore:
         lines = [ln for ln in self.history.read_text().splitlines() if ln.strip()]
         kept = [ln for ln in lines if json.loads(ln)["step"] <= step]
         if len(kept) != len(lines):
-            tmp = self.history.with_name(TMP_PREFIX + HISTORY)
-            tmp.write_text("".join(ln + "\n" for ln in kept))
-            os.replace(tmp, self.history)
+            write_bytes("".join(ln + "\n" for ln in kept).encode(), self.history)
 
     def path(self, step: int) -> Path:
         return self.root / f"step-{step:08d}"

@@ -87,9 +87,6 @@ class TeacherForcingLayout:
     def frame_positions(self, positions: torch.Tensor) -> torch.Tensor:
         return torch.cat([positions, positions])
 
-    def roles(self) -> Roles:
-        return clean_then_noisy(self.frames, self.chunk, self.tokens_per_frame)
-
     def self_mask(self) -> MaskMod:
         """One mask object per layout shape, so attention's block-mask cache serves every step of it."""
         return _self_mask(self.frames, self.chunk, self.tokens_per_frame)

@@ -7,6 +7,7 @@ finite is skipped: counted, the weights, the optimizer and the EMA left as they 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -238,7 +239,7 @@ class Trainer:
                     set_forward_high_precision(model, step >= cfg.precision.forward_bf16_from_step)
                 probe = (cfg.precision.recipe != "bf16" and cfg.precision.sqnr_every
                          and step % cfg.precision.sqnr_every == 0)
-                with record_sqnr(model) if probe else _nothing() as sqnr:
+                with record_sqnr(model) if probe else contextlib.nullcontext() as sqnr:
                     loss_value, grad_norm, flops, tokens = self.train_step(step)
                 if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
                     skipped += 1
@@ -280,11 +281,3 @@ class Trainer:
 def train(cfg: TrainARConfig, inputs: TrainInputs, sink: MetricsSink | None = None, stop_after: int | None = None
           ) -> dict:
     return Trainer(cfg, inputs).run(sink, stop_after)
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
