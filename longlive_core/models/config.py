@@ -40,6 +40,8 @@ DIT_CONFIGS: dict[str, DiTConfig] = {
     "wan2.2-ti2v-5b": DiTConfig(dim=3072, ffn_dim=14336, num_layers=30, num_heads=24),
     # the same architecture small enough to train on two CPU cores; text from the tiny encoder
     "tiny": DiTConfig(dim=64, ffn_dim=128, num_layers=2, num_heads=2, text_dim=32, freq_dim=32),
+    # six heads: splits over 2, 3 or 6 sequence-parallel ranks (the SP equality tests)
+    "tiny-6h": DiTConfig(dim=96, ffn_dim=192, num_layers=2, num_heads=6, text_dim=32, freq_dim=32),
 }
 
 

@@ -13,6 +13,8 @@ Public API (the training, distillation and merge code call these):
 - ``NVFP4Linear``, ``NVFP4Recipe``: the converted layer and its settings.
 - ``set_forward_high_precision(model, on)``: the precision schedule's switch (forward GEMMs in the
   input's precision, dgrad and wgrad NVFP4).
+- ``set_amax_group(model, group)``: sequence parallelism's tensor-wide amaxes max-reduced over the
+  ranks that split the tokens (round-to-nearest results then equal one rank's).
 - ``record_sqnr(model)``: per-layer SQNR of weights, activations and output gradients.
 - ``quantize_partial`` / ``emulated_mm``: the GEMM building blocks, for code that quantizes its own
   operands (attention, the W4A4 merge).
@@ -31,11 +33,12 @@ from longlive_core.quant.recipe import (
     RECIPES,
     ConversionReport,
     convert_linears,
+    set_amax_group,
     set_forward_high_precision,
 )
 
 __all__ = [
     "DEFAULT_SKIP", "RECIPES", "ConversionReport", "NVFP4Linear", "NVFP4Recipe", "NVFP4Tensor", "SQNRRecord",
     "convert_linears", "emulated_mm", "quantize_nvfp4", "quantize_partial", "record_sqnr",
-    "set_forward_high_precision",
+    "set_amax_group", "set_forward_high_precision",
 ]

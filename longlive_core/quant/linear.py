@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -54,13 +55,25 @@ def _amaxes_along_tokens(t2: torch.Tensor, backend) -> tuple[torch.Tensor, torch
     return operand_amaxes(_pad_rows(t2).t(), backend)
 
 
+def _amaxes_over_group(t2: torch.Tensor, recipe: NVFP4Recipe, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two amaxes of :func:`_amaxes_along_tokens` max-reduced over ``group``: ranks that each hold
+    part of the tokens (sequence parallelism) quantize with the whole tensor's scales, as one rank
+    holding every token would."""
+    amax, t_amax = _amaxes_along_tokens(t2, recipe.backend)
+    both = torch.stack([amax, t_amax if recipe.wgrad_rht else amax])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    return both[0], both[1]
+
+
 class _NVFP4LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe: NVFP4Recipe, probe: dict | None, for_backward: bool):
+    def forward(ctx, x, weight, bias, recipe: NVFP4Recipe, probe: dict | None, for_backward: bool, group=None):
         x2 = x.reshape(-1, x.shape[-1])
         x_amax = xt_amax = None
         fused = for_backward and recipe.wgrad_rht and recipe.four_over_six is None
-        if fused:  # the wgrad operand's amax now, from the same read as the forward's
+        if group is not None:
+            x_amax, xt_amax = _amaxes_over_group(x2, recipe, group)
+        elif fused:  # the wgrad operand's amax now, from the same read as the forward's
             x_amax, xt_amax = _amaxes_along_tokens(x2, recipe.backend)
         wp, wd = quantize_partial(weight, recipe.weight_tile, four_over_six=recipe.four_over_six,
                                   backend=recipe.backend)
@@ -79,6 +92,7 @@ class _NVFP4LinearFn(torch.autograd.Function):
                 probe["input"] = sqnr_db(x2, xp.float() * xd)
         ctx.save_for_backward(x2, wp, wd, xt_amax)
         ctx.recipe, ctx.probe, ctx.x_shape, ctx.has_bias = recipe, probe, x.shape, bias is not None
+        ctx.group = group
         ctx.weight_dtype = weight.dtype
         return y.view(*x.shape[:-1], weight.shape[0])
 
@@ -89,7 +103,9 @@ class _NVFP4LinearFn(torch.autograd.Function):
         g2 = gy.reshape(-1, gy.shape[-1])
         grad_x = grad_w = grad_b = None
         g_amax = gt_amax = None
-        if xt_amax is not None and ctx.needs_input_grad[1]:
+        if ctx.group is not None:
+            g_amax, gt_amax = _amaxes_over_group(g2, r, ctx.group)
+        elif xt_amax is not None and ctx.needs_input_grad[1]:
             g_amax, gt_amax = _amaxes_along_tokens(g2, r.backend)
         if ctx.needs_input_grad[0]:
             times = wd if ctx.probe is None else None
@@ -106,7 +122,7 @@ class _NVFP4LinearFn(torch.autograd.Function):
             grad_w = emulated_mm(gt, alpha, xt.t(), None, out_dtype=ctx.weight_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0, dtype=torch.float32)  # accumulates in float32 without a float32 copy of g
-        return grad_x, grad_w, grad_b, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
 class NVFP4Linear(nn.Linear):
@@ -116,6 +132,7 @@ class NVFP4Linear(nn.Linear):
 
     recipe: NVFP4Recipe
     probe: dict | None = None
+    amax_group: dist.ProcessGroup | None = None  # ranks that split the tokens: global amaxes reduced over it
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe: NVFP4Recipe) -> NVFP4Linear:
@@ -123,12 +140,12 @@ class NVFP4Linear(nn.Linear):
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight, new.bias = linear.weight, linear.bias
-        new.recipe, new.probe = recipe, None
+        new.recipe, new.probe, new.amax_group = recipe, None, None
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _NVFP4LinearFn.apply(x, self.weight, self.bias, self.recipe, self.probe,
-                                    torch.is_grad_enabled() and self.weight.requires_grad)
+                                    torch.is_grad_enabled() and self.weight.requires_grad, self.amax_group)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe}"

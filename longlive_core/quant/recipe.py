@@ -91,3 +91,13 @@ def set_forward_high_precision(model: nn.Module, on: bool) -> int:
     for layer in layers:
         layer.recipe = dataclasses.replace(layer.recipe, forward_high_precision=on)
     return len(layers)
+
+
+def set_amax_group(model: nn.Module, group) -> int:
+    """Every converted layer max-reduces its tensor-wide amaxes over ``group`` (the ranks that split
+    the sequence), so their round-to-nearest results equal one rank's; None: local amaxes. Returns
+    how many layers it set."""
+    layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
+    for layer in layers:
+        layer.amax_group = group
+    return len(layers)

@@ -7,7 +7,10 @@ A run resumes from the newest checkpoint only when its digest equals the current
 that shape training, the latent index, the starting weights, the world layout). Otherwise every old
 checkpoint, with the step history that belongs to it, is moved to ``set_aside/<digest>/`` (the last
 set-aside run is kept, older ones are deleted) and the run starts fresh, saying why. The RNG needs
-no saving: every draw of a step is keyed by (seed, step, slot) or reseeded from them.
+no saving: every draw of a step is keyed by (seed, step, slot) or reseeded from them. State that
+differs from rank to rank and is not sharded model state (the error-recycling buffers) goes into one
+safetensors file per rank beside the DCP shards; the digest holds the world layout, so a resumed
+rank reads the file its predecessor wrote.
 """
 from __future__ import annotations
 
@@ -19,8 +22,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from longlive_core.io.atomic import TMP_PREFIX, write_bytes, write_json
@@ -92,11 +97,16 @@ class CheckpointStore:
     def meta(self, step: int) -> dict[str, Any]:
         return json.loads((self.path(step) / META).read_text())
 
-    def save(self, step: int, model, optimizer, extra_state: dict, meta: dict) -> None:
-        """Collective: every rank calls it."""
+    def save(self, step: int, model, optimizer, extra_state: dict, meta: dict,
+             rank_state: dict[str, torch.Tensor] | None = None) -> None:
+        """Collective: every rank calls it. ``rank_state``: tensors of this rank alone (the
+        error-recycling buffers), written as its own safetensors file."""
         tmp = self.root / f"{TMP_PREFIX}step-{step:08d}"
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd, **extra_state}, checkpoint_id=str(tmp))
+        if rank_state is not None:
+            tmp.mkdir(parents=True, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in rank_state.items()}, str(tmp / _rank_file(dist.get_rank())))
         dist.barrier()
         if dist.get_rank() == 0:
             final = self.path(step)
@@ -113,6 +123,15 @@ class CheckpointStore:
         state = {"model": model_sd, "optim": optim_sd, **extra_state}
         dcp.load(state, checkpoint_id=str(self.path(step)))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    def load_rank_state(self, step: int) -> dict[str, torch.Tensor]:
+        """This rank's own tensors of the checkpoint (``save``'s ``rank_state``); empty if it had none."""
+        path = self.path(step) / _rank_file(dist.get_rank())
+        return load_file(str(path)) if path.is_file() else {}
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.safetensors"
 
 
 def agree(value: Any) -> Any:

@@ -6,6 +6,7 @@ import dataclasses
 from longlive_core.config import ConfigError
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.quant.recipe import DEFAULT_SKIP, RECIPES
+from longlive_core.train.error_recycling import ErrorRecyclingConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +70,13 @@ class TrainARConfig:
     optimizer: OptimizerConfig = OptimizerConfig()
     ema: EMAConfig = EMAConfig()
     precision: PrecisionConfig = PrecisionConfig()
+    error_recycling: ErrorRecyclingConfig = ErrorRecyclingConfig()
     activation_checkpointing: str = "none"  # none | full | selective (op-level)
     compile: bool = False  # torch.compile each block (after activation checkpointing, before FSDP)
     sharding: str = "full"  # full | hybrid (shard inside a node, replicate across nodes)
     nnodes: int = 1
     nproc: int = 1  # ranks per node (GPUs, or CPU processes)
+    sp: int = 1  # Balanced sequence parallelism: ranks (of one node) that split every sample's frames
     device: str = "auto"
     val_every: int = 50  # validation loss every N steps (and at the last); 0: never
     val_samples: int = 8  # the first N val-split samples, at fixed timesteps and noise
@@ -109,14 +112,36 @@ class TrainARConfig:
             raise ConfigError(f"{where}.sharding hybrid replicates across nodes: it needs nnodes >= 2")
         if self.export_dtype not in ("bfloat16", "float32"):
             raise ConfigError(f"{where}.export_dtype must be bfloat16 or float32; got {self.export_dtype!r}")
+        self._validate_sp(where)
+
+    def _validate_sp(self, where: str) -> None:
+        if self.sp < 1 or self.nproc % self.sp:
+            raise ConfigError(f"{where}.sp ({self.sp}) must divide nproc ({self.nproc}): a sample's ranks are on one "
+                              "node (its all-to-all runs every layer)")
+        if self.max_latent_frames % (self.sp * self.chunk_frames):
+            raise ConfigError(f"{where}.max_latent_frames ({self.max_latent_frames}) must be a multiple of sp x "
+                              f"chunk_frames ({self.sp} x {self.chunk_frames}): each rank holds whole chunks")
+        heads = DIT_CONFIGS[self.model].num_heads
+        if heads % self.sp:
+            raise ConfigError(f"{where}.sp ({self.sp}) must divide the {heads} attention heads of model "
+                              f"{self.model}: the all-to-all gives each rank heads / sp of them")
+        buckets = self.error_recycling.position_buckets
+        if self.error_recycling.enabled and buckets % self.sp:
+            raise ConfigError(f"{where}.error_recycling.position_buckets ({buckets}) must be a multiple of sp "
+                              f"({self.sp}): each sequence-parallel rank holds whole position buckets")
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc
 
     @property
+    def dp_size(self) -> int:
+        """Data-parallel replicas: groups of ``sp`` ranks that each train on their own samples."""
+        return self.world_size // self.sp
+
+    @property
     def global_batch(self) -> int:
-        return self.world_size * self.grad_accum
+        return self.dp_size * self.grad_accum
 
     def resume_params(self) -> dict:
         """What a checkpoint must have been trained with to be resumed."""

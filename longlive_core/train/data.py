@@ -7,7 +7,8 @@ with 2 accumulation micro-steps draws, and a resumed run what an uninterrupted o
 A sample is its shots in order. The cache holds 1 + k latent frames per shot; each shot is trimmed
 to whole chunks (a shot shorter than one chunk is left out), frame positions jump by the shot offset
 at each new shot, every frame reads its own shot's caption, and a sample longer than the window is
-cut to a chunk-aligned window. A sample with no whole chunk is not drawn at all (counted).
+cut to a chunk-aligned window; under sequence parallelism over P ranks windows are whole multiples of
+P chunks and each rank reads its part. A sample too short for one window is not drawn (counted).
 """
 from __future__ import annotations
 
@@ -34,10 +35,11 @@ def generator_for(seed: int, *key: object) -> torch.Generator:
 @dataclasses.dataclass
 class TrainSample:
     sample_id: str
-    latents: torch.Tensor  # (C, F, h, w) float32
+    latents: torch.Tensor  # (C, F, h, w) float32: the window, or this rank's part of it
     text: torch.Tensor  # (S, T, D): the captions of the shots in the window, in order
     shot_of_frame: torch.Tensor  # (F,) long: which of the S captions each frame reads
     positions: torch.Tensor  # (F,) RoPE frame positions (shot offsets included)
+    window_frames: int  # frames of the whole window; F when the sample is not split over ranks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,9 +54,14 @@ class LatentSamples:
     """The samples of one split of the latent cache (``index.parquet`` + ``shards/``)."""
 
     def __init__(self, latent_dir: str | Path, split: str, chunk: int, shot_offset: int,
-                 sample_weights: dict[str, float] | None = None):
+                 sample_weights: dict[str, float] | None = None, align: int | None = None):
+        """``align``: window lengths are multiples of it (a multiple of ``chunk``; sequence parallelism
+        over P ranks needs P chunks), and a sample shorter is not drawn (counted)."""
         self.root = Path(latent_dir)
         self.chunk, self.shot_offset = chunk, shot_offset
+        self.align = align or chunk
+        if self.align % chunk:
+            raise ValueError(f"windows of multiples of {self.align} frames do not end on {chunk}-frame chunk bounds")
         index_path = self.root / "index.parquet"
         if not index_path.is_file():
             raise ConfigError(f"{index_path} is missing: run encode_latents first (dvc repro encode_latents)")
@@ -69,7 +76,7 @@ class LatentSamples:
                 kept = (int(row.latent_shape[1]) // chunk) * chunk
                 if kept:
                     refs.append(ShotRef(str(row.shard), row.latents_key, row.text_key, kept))
-            if not refs:
+            if sum(r.frames for r in refs) < self.align:
                 self.too_short += 1
                 continue
             self.sample_ids.append(str(sample_id))
@@ -95,29 +102,42 @@ class LatentSamples:
         """A sample id, drawn proportionally to its weight (assemble's bucket weights)."""
         return self.sample_ids[int(torch.multinomial(self.weights, 1, generator=generator))]
 
-    def load(self, sample_id: str, max_frames: int, generator: torch.Generator | None) -> TrainSample:
-        """The sample trimmed to whole chunks; cut to ``max_frames`` at a chunk-aligned start drawn from
-        ``generator`` (the first window when it is None)."""
-        refs = self.shots[sample_id]
-        total = sum(r.frames for r in refs)
-        n_windows = max(0, total - max_frames) // self.chunk + 1
+    def window(self, sample_id: str, max_frames: int, generator: torch.Generator | None) -> tuple[int, int]:
+        """(start, end) frames of the sample's window: the longest whole number of ``align`` frames up to
+        ``max_frames``, at a chunk-aligned start drawn from ``generator`` (the first when it is None)."""
+        total = self.frames(sample_id)
+        length = min(total, max_frames) // self.align * self.align
+        n_windows = (total - length) // self.chunk + 1
         start = 0
         if n_windows > 1 and generator is not None:
             start = int(torch.randint(0, n_windows, (1,), generator=generator)) * self.chunk
-        end = min(total, start + max_frames)
+        return start, start + length
+
+    def load(self, sample_id: str, max_frames: int, generator: torch.Generator | None,
+             part: tuple[int, int] = (0, 1)) -> TrainSample:
+        """Part ``rank`` of ``size`` equal parts (``part``) of the sample's window (:meth:`window`):
+        only those latent frames are read; the captions are the whole window's."""
+        start, end = self.window(sample_id, max_frames, generator)
+        rank, size = part
+        share = (end - start) // size
+        lo_part, hi_part = start + rank * share, start + (rank + 1) * share
         latents, texts, shot_of_frame, positions = [], [], [], []
         first = position = 0
-        for ref in refs:
+        window_position = None
+        for ref in self.shots[sample_id]:
             lo, hi = max(start, first), min(end, first + ref.frames)
             if lo < hi:
                 shard = self._shard(ref.shard)
-                z = shard.get_slice(ref.latents_key)[:, lo - first:hi - first]
-                latents.append(torch.as_tensor(z).float())
                 texts.append(shard.get_tensor(ref.text_key).float())
-                shot_of_frame.append(torch.full((hi - lo,), len(texts) - 1, dtype=torch.long))
-                positions.append(torch.arange(position + lo - first, position + hi - first))
+                if window_position is None:
+                    window_position = position + lo - first
+                plo, phi = max(lo, lo_part), min(hi, hi_part)
+                if plo < phi:
+                    z = shard.get_slice(ref.latents_key)[:, plo - first:phi - first]
+                    latents.append(torch.as_tensor(z).float())
+                    shot_of_frame.append(torch.full((phi - plo,), len(texts) - 1, dtype=torch.long))
+                    positions.append(torch.arange(position + plo - first, position + phi - first))
             first += ref.frames
             position += ref.frames + self.shot_offset
-        pos = torch.cat(positions)
         return TrainSample(sample_id, torch.cat(latents, dim=1), torch.stack(texts), torch.cat(shot_of_frame),
-                           pos - pos[0])
+                           torch.cat(positions) - window_position, end - start)

@@ -1,6 +1,6 @@
 """The teacher-forcing sequence: where every token sits, which tokens it may attend to, which
 caption each frame reads. The one place that defines the layout, the mask and the per-frame inputs;
-sequence parallelism gives a different token order through ``roles`` and keeps the rest.
+sequence parallelism splits it over ranks through ``sp`` and ``balanced_roles``.
 
 A sample of F latent frames in chunks of ``chunk`` frames becomes the 2F-frame sequence
 [z_clean; z_noisy]. Clean and noisy copies of a frame share its RoPE position and its caption; clean
@@ -22,12 +22,18 @@ from longlive_core.models.attention import MaskMod
 Roles = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def clean_then_noisy(frames: int, chunk: int, tokens_per_frame: int) -> Roles:
-    """The single-rank order: every clean frame, then every noisy frame."""
+def balanced_roles(frames: int, chunk: int, tokens_per_frame: int, sp: int = 1) -> Roles:
+    """The token order after Balanced SP's all-to-all over ``sp`` ranks: rank r's clean frames, then
+    its noisy frames, rank after rank ([z0_clean, z0_noisy, ..., z(P-1)_clean, z(P-1)_noisy]), rank r
+    holding frames r*F/P .. (r+1)*F/P - 1. With one rank: every clean frame, then every noisy one."""
+    local = frames // sp
+    per_rank = 2 * local * tokens_per_frame
+
     def roles(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        frame = idx // tokens_per_frame
-        noisy = frame >= frames
-        return (frame - noisy.long() * frames) // chunk, noisy
+        rank = idx // per_rank
+        frame = (idx % per_rank) // tokens_per_frame
+        noisy = frame >= local
+        return (rank * local + frame - noisy.long() * local) // chunk, noisy
 
     return roles
 
@@ -53,8 +59,8 @@ def per_frame_text_mask(text_segment: torch.Tensor, tokens_per_frame: int, text_
 
 
 @functools.lru_cache(maxsize=64)
-def _self_mask(frames: int, chunk: int, tokens_per_frame: int) -> MaskMod:
-    return teacher_forcing_mask(clean_then_noisy(frames, chunk, tokens_per_frame))
+def _self_mask(frames: int, chunk: int, tokens_per_frame: int, sp: int) -> MaskMod:
+    return teacher_forcing_mask(balanced_roles(frames, chunk, tokens_per_frame, sp))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,24 +69,35 @@ class TeacherForcingLayout:
     chunk: int
     tokens_per_frame: int
     text_tokens: int  # tokens of one caption
+    sp: int = 1  # sequence-parallel ranks: each holds F/sp frames (a whole number of chunks), clean and noisy
 
     def __post_init__(self) -> None:
-        if self.frames % self.chunk:
-            raise ValueError(f"{self.frames} latent frames are not a whole number of {self.chunk}-frame chunks")
+        if self.frames % (self.chunk * self.sp):
+            raise ValueError(f"{self.frames} latent frames are not a whole number of {self.chunk}-frame chunks "
+                             f"on each of {self.sp} sequence-parallel ranks")
 
     @property
     def chunks(self) -> int:
         return self.frames // self.chunk
 
+    @property
+    def local_frames(self) -> int:
+        return self.frames // self.sp
+
+    def frame_range(self, rank: int) -> tuple[int, int]:
+        """The frames sequence-parallel rank ``rank`` holds (both copies of)."""
+        return rank * self.local_frames, (rank + 1) * self.local_frames
+
     def sequence(self, clean: torch.Tensor, noisy: torch.Tensor) -> torch.Tensor:
-        """(B, C, 2F, H, W) from two (B, C, F, H, W) latents."""
+        """(B, C, 2f, H, W) from two (B, C, f, H, W) latents: the whole sample (f = F) or, under
+        sequence parallelism, this rank's slice (f = F/sp); the same for the methods below."""
         return torch.cat([clean, noisy], dim=2)
 
     def noisy_part(self, out: torch.Tensor) -> torch.Tensor:
-        return out[:, :, self.frames:]
+        return out[:, :, out.shape[2] // 2:]
 
     def timesteps(self, chunk_timesteps: torch.Tensor) -> torch.Tensor:
-        """(B, 2F): 0 for clean frames, chunk i's timestep for noisy chunk i's frames."""
+        """(B, 2f): 0 for clean frames, chunk i's timestep for noisy chunk i's frames."""
         noisy = chunk_timesteps.repeat_interleave(self.chunk, dim=1)
         return torch.cat([torch.zeros_like(noisy), noisy], dim=1)
 
@@ -89,7 +106,7 @@ class TeacherForcingLayout:
 
     def self_mask(self) -> MaskMod:
         """One mask object per layout shape, so attention's block-mask cache serves every step of it."""
-        return _self_mask(self.frames, self.chunk, self.tokens_per_frame)
+        return _self_mask(self.frames, self.chunk, self.tokens_per_frame, self.sp)
 
     def cross_mask(self, shot_of_frame: torch.Tensor) -> MaskMod:
         """shot_of_frame (B, F): the caption each latent frame reads; both copies of a frame read it."""
@@ -97,7 +114,7 @@ class TeacherForcingLayout:
                                    self.text_tokens)
 
     def attended_pairs(self) -> int:
-        """Unmasked (query, key) token pairs of the self-attention, for FLOP counting."""
+        """Unmasked (query, key) token pairs of the whole sample's self-attention, for FLOP counting."""
         c, n = self.chunks, self.tokens_per_frame * self.chunk
         clean = c * (c + 1) // 2  # clean chunk i sees i + 1 clean chunks
         noisy = c + c * (c - 1) // 2  # itself, and i clean chunks

@@ -1,5 +1,5 @@
 """What training applies to the model from outside, in torchtitan's order: the precision recipe,
-activation checkpointing, compilation, then FSDP2 sharding."""
+sequence parallelism, activation checkpointing, compilation, then FSDP2 sharding."""
 from __future__ import annotations
 
 import collections
@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -16,8 +17,9 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.config import dit_config
 from longlive_core.models.wan_dit import WanDiT
-from longlive_core.quant.recipe import ConversionReport, convert_linears
+from longlive_core.quant.recipe import ConversionReport, convert_linears, set_amax_group
 from longlive_core.train.config import PrecisionConfig, TrainARConfig
+from longlive_core.train.sequence_parallel import SequenceShard, UlyssesAttention
 
 log = logging.getLogger(__name__)
 WRAPPED = "_checkpoint_wrapped_module."  # what checkpoint_wrapper puts in parameter names
@@ -90,6 +92,22 @@ def apply_compile(model: WanDiT) -> None:
         # static shapes: inductor 2.11 fails on the dynamic token count (CantSplit); a training run
         # sees few lengths (most windows are max_latent_frames), each compiled once
         block.compile(dynamic=False)
+
+
+def sequence_groups(cfg: TrainARConfig, device_type: str) -> tuple[SequenceShard, dist.ProcessGroup]:
+    """This rank's sequence-parallel shard (consecutive ranks form an SP group, so it stays within a
+    node) and its data-parallel group (the ranks that hold the same SP rank)."""
+    mesh = init_device_mesh(device_type, (cfg.dp_size, cfg.sp), mesh_dim_names=("dp", "sp"))
+    return (SequenceShard(dist.get_rank() % cfg.sp, cfg.sp, mesh.get_group("sp")), mesh.get_group("dp"))
+
+
+def apply_sequence_parallel(model: WanDiT, shard: SequenceShard) -> None:
+    """Self-attention through the Ulysses all-to-all over the shard's group; NVFP4 amaxes reduced over
+    it. Nothing to do on one rank."""
+    if shard.size == 1:
+        return
+    model.attention_fn = UlyssesAttention(shard)
+    set_amax_group(model, shard.group)
 
 
 def device_mesh(cfg: TrainARConfig, device_type: str) -> DeviceMesh:

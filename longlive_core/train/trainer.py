@@ -1,9 +1,11 @@
 """AR teacher-forcing training: flow matching over multi-shot samples of the latent cache.
 
-Every rank runs ``train``; one global step is ``grad_accum`` micro-batches of one sample on each of
-the ``world`` ranks (global micro-batch slot ``m * world + rank``), each sample's loss averaged over
-its noisy frames and the gradient over the global batch. A step whose loss or gradient norm is not
-finite is skipped: counted, the weights, the optimizer and the EMA left as they were.
+Every rank runs ``train``. The ranks form ``dp`` groups of ``sp`` (Balanced sequence parallelism:
+the ``sp`` ranks of a group split every sample's frames); one global step is ``grad_accum``
+micro-batches of one sample on each group (global micro-batch slot ``m * dp + dp_rank``), each
+sample's loss averaged over its noisy frames and the gradient over the global batch. A step whose
+loss or gradient norm is not finite is skipped: counted, the weights, the optimizer and the EMA
+left as they were, no error stored for recycling.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from longlive_core.train.checkpointing import CheckpointStore, agree
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.data import LatentSamples, TrainSample, generator_for
 from longlive_core.train.ema import EMA
+from longlive_core.train.error_recycling import ErrorRecycler, InjectionDraws
 from longlive_core.train.flops import peak_tflops, step_flops
 from longlive_core.train.flow import FlowMatching
 from longlive_core.train.layout import TeacherForcingLayout
@@ -40,9 +43,12 @@ from longlive_core.train.parallelize import (
     apply_compile,
     apply_fsdp,
     apply_precision,
+    apply_sequence_parallel,
     build_model,
     device_mesh,
+    sequence_groups,
 )
+from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
 
 log = logging.getLogger(__name__)
 MetricsSink = Callable[[dict, int], None]  # (metrics, step): rank 0's MLflow logging
@@ -58,29 +64,39 @@ class TrainInputs:
 
 @dataclasses.dataclass
 class Batch:
-    sample: TrainSample
-    sigma: torch.Tensor  # (1, chunks) noise level of each chunk
-    noise: torch.Tensor  # (1, C, F, h, w)
+    key: tuple  # what every draw of this micro-batch came from
+    sample: TrainSample  # the window, or this rank's part of it
+    t_index: torch.Tensor  # (1, chunks) train-timestep index of every chunk of the window
+    sigma: torch.Tensor  # (1, chunks) its noise level
+    noise: torch.Tensor  # (1, C, f, h, w): this rank's frames of the window's noise
+    injection: InjectionDraws | None  # error recycling's draws for the window
 
 
-def draw_batch(data: LatentSamples, cfg: TrainARConfig, flow: FlowMatching, key: tuple, sample_id: str | None = None
-               ) -> Batch:
-    """The sample, window, chunk timesteps and noise of one micro-batch slot, all from ``key``."""
+def draw_batch(data: LatentSamples, cfg: TrainARConfig, flow: FlowMatching, key: tuple, sample_id: str | None = None,
+               shard: SequenceShard = WHOLE) -> Batch:
+    """The sample, window, chunk timesteps and noise of one micro-batch slot, all from ``key``: drawn
+    for the whole window and sliced to ``shard``'s frames, so they do not depend on the SP size."""
     g = generator_for(cfg.seed, *key)
     if sample_id is None:
-        sample = data.load(data.draw(g), cfg.max_latent_frames, g)
+        sample = data.load(data.draw(g), cfg.max_latent_frames, g, (shard.rank, shard.size))
     else:  # validation: a fixed sample, its first window
-        sample = data.load(sample_id, cfg.max_latent_frames, None)
-    chunks = sample.latents.shape[1] // cfg.chunk_frames
-    sigma = flow.sigmas(flow.sample_index((1, chunks), g))
-    noise = torch.randn(sample.latents.shape, generator=g)[None]
-    return Batch(sample, sigma, noise)
+        sample = data.load(sample_id, cfg.max_latent_frames, None, (shard.rank, shard.size))
+    frames, chunks = sample.window_frames, sample.window_frames // cfg.chunk_frames
+    t_index = flow.sample_index((1, chunks), g)
+    c, f, h, w = sample.latents.shape
+    lo = shard.rank * f
+    noise = torch.randn((c, frames, h, w), generator=g)[None, :, lo:lo + f]
+    injection = None
+    if cfg.error_recycling.enabled and key[0] == "train":
+        injection = InjectionDraws.draw(cfg.error_recycling, chunks, generator_for(cfg.seed, "error-recycling", *key))
+    return Batch(key, sample, t_index, flow.sigmas(t_index), noise, injection)
 
 
-def layout_of(model: WanDiT, batch: Batch, chunk: int) -> TeacherForcingLayout:
-    _, f, h, w = batch.sample.latents.shape
+def layout_of(model: WanDiT, batch: Batch, chunk: int, sp: int = 1) -> TeacherForcingLayout:
+    _, _, h, w = batch.sample.latents.shape
     _, ph, pw = model.cfg.patch_size
-    return TeacherForcingLayout(f, chunk, (h // ph) * (w // pw), batch.sample.text.shape[1])
+    return TeacherForcingLayout(batch.sample.window_frames, chunk, (h // ph) * (w // pw), batch.sample.text.shape[1],
+                                sp)
 
 
 def check_inputs(model: WanDiT, sample: TrainSample) -> None:
@@ -93,22 +109,44 @@ def check_inputs(model: WanDiT, sample: TrainSample) -> None:
                           f"{cfg.text_dim}: train_ar.model must fit encode_latents.text_encoder")
 
 
+def _plus(x: torch.Tensor, error: torch.Tensor | None) -> torch.Tensor:
+    return x if error is None else x + error
+
+
 def sample_loss(model: WanDiT, batch: Batch, flow: FlowMatching, chunk: int, device: torch.device,
-                dtype: torch.dtype) -> tuple[torch.Tensor, TeacherForcingLayout]:
-    """Flow-matching loss of one sample over every noisy chunk, from one forward of [clean; noisy]."""
+                dtype: torch.dtype, shard: SequenceShard = WHOLE, recycler: ErrorRecycler | None = None,
+                step: int = 0, seed: int = 0) -> tuple[torch.Tensor, TeacherForcingLayout]:
+    """Flow-matching loss of one sample over every noisy chunk, from one forward of [clean; noisy]:
+    over this rank's frames under sequence parallelism (the sample's loss is the mean over its ranks).
+    With a ``recycler``, stored errors go into the inputs and the new ones are queued."""
     s = batch.sample
-    layout = layout_of(model, batch, chunk)
+    layout = layout_of(model, batch, chunk, shard.size)
+    lo, hi = layout.frame_range(shard.rank)
+    chunks = list(range(lo // chunk, hi // chunk))
     x0 = s.latents[None].to(device)
     noise = batch.noise.to(device)
-    sigma = batch.sigma.to(device)
-    x_t = flow.noised(x0, noise, sigma.repeat_interleave(chunk, dim=1)[:, None, :, None, None])
+    sigma = batch.sigma[:, chunks].to(device)
+    t_index = batch.t_index[0, chunks].tolist()
+    context = noised_from = x0
+    if recycler is not None and batch.injection is not None:
+        ctx_err, latent_err, noise_err = recycler.inject(batch.injection, step, chunks, layout.chunks, t_index, chunk,
+                                                         x0)
+        context, noised_from, noise = _plus(x0, ctx_err), _plus(x0, latent_err), _plus(noise, noise_err)
+    frame_sigma = sigma.repeat_interleave(chunk, dim=1)[:, None, :, None, None]
+    x_t = flow.noised(noised_from, noise, frame_sigma)
+    target = flow.target(x0, noise)
     text = s.text.reshape(1, -1, s.text.shape[-1]).to(device, dtype)
     # one caption: every frame reads it, no mask needed (and none to build)
     cross = layout.cross_mask(s.shot_of_frame[None].to(device)) if s.text.shape[0] > 1 else None
-    out = model(layout.sequence(x0, x_t).to(dtype), layout.timesteps(flow.timestep(sigma)), text,
+    out = model(layout.sequence(context, x_t).to(dtype), layout.timesteps(flow.timestep(sigma)), text,
                 frame_positions=layout.frame_positions(s.positions.to(device)), mask_mod=layout.self_mask(),
                 cross_mask_mod=cross)
-    return F.mse_loss(layout.noisy_part(out).float(), flow.target(x0, noise)), layout
+    pred = layout.noisy_part(out).float()
+    if recycler is not None and batch.injection is not None:
+        with torch.no_grad():  # x0 predicted minus the true x0; the noise predicted minus the noise used
+            recycler.record(batch.key, chunks, layout.chunks, t_index, chunk, x_t - frame_sigma * pred - x0,
+                            (1 - frame_sigma) * (pred - target), seed)
+    return F.mse_loss(pred, target), layout
 
 
 def _sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
@@ -117,23 +155,24 @@ def _sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def validate(model: WanDiT, data: LatentSamples, cfg: TrainARConfig, flow: FlowMatching, device, dtype) -> float | None:
+def validate(model: WanDiT, data: LatentSamples, cfg: TrainARConfig, flow: FlowMatching, device, dtype,
+             shard: SequenceShard = WHOLE) -> float | None:
     """Mean loss over the first ``val_samples`` val samples at their fixed timesteps and noise."""
     ids = data.sample_ids[: cfg.val_samples]
     if not ids:
         return None
-    rank, world = dist.get_rank(), dist.get_world_size()
+    dp, dp_rank = dist.get_world_size() // shard.size, dist.get_rank() // shard.size
     total = 0.0
     model.eval()
     with torch.no_grad():
         # every rank runs as many forwards (FSDP gathers weights collectively); a rank past the end
         # repeats the first sample and does not count it
-        for i in range(-(-len(ids) // world)):
-            k = i * world + rank
+        for i in range(-(-len(ids) // dp)):
+            k = i * dp + dp_rank
             sample_id = ids[k] if k < len(ids) else ids[0]
-            loss, _ = sample_loss(model, draw_batch(data, cfg, flow, ("val", sample_id), sample_id), flow,
-                                  cfg.chunk_frames, device, dtype)
-            total += float(loss) if k < len(ids) else 0.0
+            loss, _ = sample_loss(model, draw_batch(data, cfg, flow, ("val", sample_id), sample_id, shard), flow,
+                                  cfg.chunk_frames, device, dtype, shard)
+            total += float(loss) / shard.size if k < len(ids) else 0.0
     model.train()
     total, = _sum_over_ranks([total], device)
     return total / len(ids)
@@ -157,16 +196,20 @@ class Trainer:
         self.dtype = getattr(torch, cfg.precision.param_dtype)
         self.flow = FlowMatching(cfg.num_train_timesteps, cfg.timestep_shift)
         weights = pd.read_parquet(inputs.samples, columns=["sample_id", "sample_weight"])
+        align = cfg.chunk_frames * cfg.sp  # every SP rank holds whole chunks
         self.train_set = LatentSamples(inputs.latents, "train", cfg.chunk_frames, cfg.shot_rope_offset,
-                                       dict(zip(weights["sample_id"], weights["sample_weight"])))
-        self.val_set = LatentSamples(inputs.latents, "val", cfg.chunk_frames, cfg.shot_rope_offset)
+                                       dict(zip(weights["sample_id"], weights["sample_weight"])), align)
+        self.val_set = LatentSamples(inputs.latents, "val", cfg.chunk_frames, cfg.shot_rope_offset, align=align)
         if not len(self.train_set) or float(self.train_set.weights.sum()) <= 0:
-            raise ConfigError(f"no train-split sample in {inputs.latents} has a whole {cfg.chunk_frames}-frame "
-                              f"chunk ({self.train_set.too_short} too short): encode more data or lower "
-                              "train_ar.chunk_frames")
+            raise ConfigError(f"no train-split sample in {inputs.latents} has {align} latent frames (sp x "
+                              f"chunk_frames; {self.train_set.too_short} too short): encode more data or lower "
+                              "train_ar.chunk_frames or train_ar.sp")
+        self.shard, dp_group = sequence_groups(cfg, self.device.type)
+        self.dp_rank = self.rank // cfg.sp
         model = build_model(cfg)
-        check_inputs(model, self.train_set.load(self.train_set.sample_ids[0], cfg.chunk_frames, None))
+        check_inputs(model, self.train_set.load(self.train_set.sample_ids[0], align, None))
         self.conversion = apply_precision(model, cfg.precision)
+        apply_sequence_parallel(model, self.shard)
         apply_activation_checkpointing(model, cfg.activation_checkpointing)
         if cfg.compile:
             apply_compile(model)
@@ -179,19 +222,25 @@ class Trainer:
                                            fused=self.device.type == "cuda")  # one kernel per step on GPUs
         self.ema = EMA(model, cfg.ema.decay, cfg.ema.start_step)
         self.store = CheckpointStore(inputs.checkpoints, inputs.digest, cfg.keep_checkpoints)
+        er = cfg.error_recycling
+        self.recycler = (ErrorRecycler(er, self.shard.rank, cfg.sp, cfg.num_train_timesteps, dp_group)
+                         if er.enabled else None)
+        self.recycling: dict[str, float] = {}  # the last step's buffer fill and injections (world totals)
 
     def accumulate(self, step: int) -> tuple[float, float, int]:
         """Forward and backward of this rank's ``grad_accum`` micro-batches of ``step``; returns this
-        rank's (loss sum, FLOPs, tokens)."""
-        cfg = self.cfg
-        loss_sum, flops, tokens = 0.0, 0.0, 0
+        rank's share of (loss sum, FLOPs, tokens): summed over every rank they give the global batch's."""
+        cfg, sp = self.cfg, self.cfg.sp
+        loss_sum, flops, tokens = 0.0, 0.0, 0.0
         for micro in range(cfg.grad_accum):
-            batch = draw_batch(self.train_set, cfg, self.flow, ("train", step, micro * self.world + self.rank))
-            loss, layout = sample_loss(self.model, batch, self.flow, cfg.chunk_frames, self.device, self.dtype)
+            batch = draw_batch(self.train_set, cfg, self.flow, ("train", step, micro * cfg.dp_size + self.dp_rank),
+                               shard=self.shard)
+            loss, layout = sample_loss(self.model, batch, self.flow, cfg.chunk_frames, self.device, self.dtype,
+                                       self.shard, self.recycler, step, cfg.seed)
             (loss / cfg.grad_accum).backward()
-            loss_sum += float(loss.detach())
-            flops += step_flops(self.model.cfg, layout, batch.sample.text.shape[0])
-            tokens += 2 * layout.frames * layout.tokens_per_frame
+            loss_sum += float(loss.detach()) / sp
+            flops += step_flops(self.model.cfg, layout, batch.sample.text.shape[0]) / sp
+            tokens += 2 * layout.frames * layout.tokens_per_frame / sp
         return loss_sum, flops, tokens
 
     def train_step(self, step: int) -> tuple[float, float, float, float]:
@@ -202,13 +251,31 @@ class Trainer:
         loss_sum, flops, tokens = self.accumulate(step)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip if o.grad_clip else math.inf)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        loss_sum, flops, tokens = _sum_over_ranks([loss_sum, flops, tokens], self.device)
+        counts = self._recycling_counts()
+        loss_sum, flops, tokens, *counts = _sum_over_ranks([loss_sum, flops, tokens, *counts], self.device)
         loss = loss_sum / self.cfg.global_batch
-        if math.isfinite(loss) and math.isfinite(grad_norm):
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        if finite:
             self.optimizer.step()
             self.ema.update(self.model, step)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.recycler is not None:
+            if not finite:
+                self.recycler.pending.clear()
+            self.recycler.commit(step)  # collective in warm-up: every rank calls it
+            entries, capacity, context, latent, noise = counts
+            self.recycling = {"error_buffer_fill": entries / capacity, "injected_context": context,
+                              "injected_latent": latent, "injected_noise": noise}
         return loss, grad_norm, flops, tokens
+
+    def _recycling_counts(self) -> list[float]:
+        """This rank's (stored errors, capacity, injections of each kind) of the step, or nothing."""
+        if self.recycler is None:
+            return []
+        r = self.recycler
+        injected = r.take_injection_counts()
+        return [len(r.latent) + len(r.noise), r.latent.total_capacity + r.noise.total_capacity,
+                injected["context"], injected["latent"], injected["noise"]]
 
     def run(self, sink: MetricsSink | None = None, stop_after: int | None = None) -> dict:
         """Trains from the newest matching checkpoint to ``cfg.steps``; returns the summary and (on
@@ -222,6 +289,8 @@ class Trainer:
         if start:
             store.load(start, model, self.optimizer, {"ema": ema.shadow})
             skipped = int(store.meta(start).get("skipped_steps", 0))
+            if self.recycler is not None:
+                self.recycler.load_state_dict(store.load_rank_state(start))
         peak, peak_name = peak_tflops(device, cfg.peak_tflops)
         last = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
         progress = Progress(log, "train_ar", max(0, last - start), "steps") if rank == 0 else None
@@ -250,10 +319,10 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 val_now = bool(cfg.val_every) and (done % cfg.val_every == 0 or done == cfg.steps)
                 if val_now:
-                    val_loss = validate(model, self.val_set, cfg, self.flow, device, self.dtype)
+                    val_loss = validate(model, self.val_set, cfg, self.flow, device, self.dtype, self.shard)
                 metrics = {"loss": loss_value, "grad_norm": grad_norm, "lr": o.lr, "tokens_per_s": tokens / dt,
                            "step_s": dt, "tflops": flops / dt / 1e12, "peak_memory_mb": peak_memory_mb(device),
-                           "skipped_steps": skipped}
+                           "skipped_steps": skipped, **self.recycling}
                 if peak:
                     metrics["mfu"] = flops / dt / 1e12 / (peak * world)
                 if val_now and val_loss is not None:
@@ -268,7 +337,8 @@ class Trainer:
                         sink(metrics, done)
                     progress.advance()
                 if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-                    store.save(done, model, self.optimizer, {"ema": ema.shadow}, {"skipped_steps": skipped})
+                    store.save(done, model, self.optimizer, {"ema": ema.shadow}, {"skipped_steps": skipped},
+                               None if self.recycler is None else self.recycler.state_dict())
         finally:
             if history is not None:
                 history.close()
