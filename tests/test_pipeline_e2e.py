@@ -271,7 +271,7 @@ def test_train_ar_learns_writes_its_model_folder_and_resumes_after_a_kill(demo_r
     val = [h["val_loss"] for h in steps if "val_loss" in h]
     assert len(val) == 6 and val[-1] < val[0]
     config = json.loads((repo / "models/ar/config.json").read_text())
-    assert config["latent"] == {"channels": 48, "chunk_frames": 2, "height": 4, "width": 8, "temporal_stride": 4,
+    assert config["latent"] == {"channels": 48, "chunk_frames": 4, "height": 4, "width": 8, "temporal_stride": 4,
                                 "spatial_stride": 16}
     assert config["precision"]["recipe"] == "bf16" and config["lineage"]["git.commit"]
     dit = {k: tuple(v) if isinstance(v, list) else v for k, v in config["dit"].items() if k != "name"}
@@ -313,3 +313,24 @@ def test_train_ar_learns_writes_its_model_folder_and_resumes_after_a_kill(demo_r
     assert [h["step"] for h in resumed] == list(range(1, 151))
     assert [h["loss"] for h in resumed[:120]] == [h["loss"] for h in steps]
     assert all(resumed[s - 1]["loss"] == loss for s, loss in before_kill.items()), "resumed losses differ"
+
+
+def test_train_ar_split_over_two_sp_ranks_gives_the_one_rank_losses(demo_repro, tmp_path):
+    """Balanced SP through `dvc repro`: the demo's run on 2 sequence-parallel ranks (train_ar.sp 2,
+    nproc 2) trains on the same windows, noise, timesteps and recycled errors as on one rank, so its
+    first steps' losses, buffer fill and injections are the demo's (bf16 compute: to rounding)."""
+    variant = workspace_copy(demo_repro, tmp_path / "repo")
+    params = (variant / "params.yaml").read_text()
+    head, train = params.split("\ntrain_ar:", 1)
+    for old, new in (("  nproc: 1 ", "  nproc: 2 "), ("  sp: 1 ", "  sp: 2 "), ("  steps: 120\n", "  steps: 5\n")):
+        assert old in train
+        train = train.replace(old, new, 1)
+    (variant / "params.yaml").write_text(head + "\ntrain_ar:" + train)
+    out = repro(variant, "train_ar")
+    assert ran(out, "train_ar") and not ran(out, "encode_latents")
+    split, one = history(variant), history(demo_repro)[:5]
+    assert [h["step"] for h in split] == [1, 2, 3, 4, 5]
+    for a, b in zip(split, one, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-3)
+        assert all(a[k] == b[k] for k in ("error_buffer_fill", "injected_context", "injected_latent", "injected_noise"))
+    assert sum(h["injected_context"] + h["injected_latent"] for h in split) > 0

@@ -78,7 +78,8 @@ BAD_CONFIGS = [  # (stage, params changes, what the one line says)
     ("encode_latents", {"encode_latents": {"text_encoder": "."}},  # a folder, but no model in it
      "encode_latents.text_encoder: no umT5 encoder at .: put google/umt5-xxl's encoder there"),
     ("train_ar", {"train_ar": {"max_latent_frames": 15}},
-     "train_ar.max_latent_frames (15) must be a multiple of chunk_frames (2): windows end on a chunk boundary"),
+     "train_ar.max_latent_frames (15) must be a multiple of chunk_frames (4): windows end on a chunk boundary"),
+    ("train_ar", {"train_ar": {"sp": 2}}, "train_ar.sp (2) must divide nproc (1): a sample's ranks are on one node"),
     ("train_ar", {"train_ar": {"init": "models/none"}}, "train_ar.init: no DiT weights at models/none: put the"),
     ("train_ar", {}, "data/latents/index.parquet is missing: run encode_latents first"),
 ]
