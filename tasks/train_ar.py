@@ -24,7 +24,7 @@ from longlive_core.tracking.lineage import digest_file, digest_json, git_state
 from longlive_core.tracking.mlflow_run import StageRun, TrackingConfig
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.launch import torchrun_command, under_torchrun
-from tasks.paths import AR_CHECKPOINTS, AR_MODEL, LATENT_INDEX, LATENTS, SAMPLES, TRAIN_AR_HISTORY
+from tasks.paths import AR_CHECKPOINTS, AR_MODEL, CLIPS, LATENT_INDEX, LATENTS, SAMPLES, SHOTS, TRAIN_AR_HISTORY
 from tasks.stage import run_stage
 
 STAGE = "train_ar"
@@ -98,11 +98,13 @@ def export(p: Prepared, summary: dict, digest: str) -> None:
 def body(p: Prepared, run) -> dict:
     import torch.distributed as dist
 
+    from longlive_core.train.online_latents import OnlineSource
     from longlive_core.train.trainer import TrainInputs, train  # torch.distributed's checkpointing: in the ranks only
 
     rank0 = dist.get_rank() == 0
     digest = run_digest(p.train) if rank0 else ""  # only rank 0 reads and writes checkpoint metadata
-    inputs = TrainInputs(LATENTS, SAMPLES, AR_CHECKPOINTS, digest)
+    online = OnlineSource(p.latents, SHOTS, CLIPS) if p.train.latent_source == "online" else None
+    inputs = TrainInputs(LATENTS, SAMPLES, AR_CHECKPOINTS, digest, online)
     run.set_tags({"input.latent_index.sha256": digest_file(LATENT_INDEX), "train_ar.run_digest": digest})
     summary = train(p.train, inputs, sink=lambda metrics, step: run.log_metrics(metrics, step=step))
     if not rank0:

@@ -14,12 +14,17 @@ import time
 import pandas as pd
 import psutil
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
+from safetensors import safe_open
 
+from longlive_core.config import load_params, stage_config
+from longlive_core.latents.encode import EncodeLatentsConfig
 from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.config import DiTConfig
 from longlive_core.models.text import SCENE_TRANSITION, shot_prompts
 from longlive_core.tracking.lineage import digest_lines
+from longlive_core.train.online_latents import OnlineSource
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
 from .conftest import cli_env, run, workspace_copy
@@ -315,14 +320,17 @@ def test_train_ar_learns_writes_its_model_folder_and_resumes_after_a_kill(demo_r
     assert all(resumed[s - 1]["loss"] == loss for s, loss in before_kill.items()), "resumed losses differ"
 
 
-def test_train_ar_split_over_two_sp_ranks_gives_the_one_rank_losses(demo_repro, tmp_path):
+def test_train_ar_split_over_two_sp_ranks_encoding_online_gives_the_one_rank_losses(demo_repro, tmp_path):
     """Balanced SP through `dvc repro`: the demo's run on 2 sequence-parallel ranks (train_ar.sp 2,
-    nproc 2) trains on the same windows, noise, timesteps and recycled errors as on one rank, so its
-    first steps' losses, buffer fill and injections are the demo's (bf16 compute: to rounding)."""
+    nproc 2), each VAE-encoding its own frames plus a halo from the clips (latent_source online),
+    trains on the same latents, windows, noise, timesteps and recycled errors as the demo's one rank
+    reading the cache: its first steps' losses, buffer fill and injections are the demo's (bf16
+    compute: to rounding)."""
     variant = workspace_copy(demo_repro, tmp_path / "repo")
     params = (variant / "params.yaml").read_text()
     head, train = params.split("\ntrain_ar:", 1)
-    for old, new in (("  nproc: 1 ", "  nproc: 2 "), ("  sp: 1 ", "  sp: 2 "), ("  steps: 120\n", "  steps: 5\n")):
+    for old, new in (("  nproc: 1 ", "  nproc: 2 "), ("  sp: 1 ", "  sp: 2 "), ("  steps: 120\n", "  steps: 5\n"),
+                     ("  latent_source: cache ", "  latent_source: online ")):
         assert old in train
         train = train.replace(old, new, 1)
     (variant / "params.yaml").write_text(head + "\ntrain_ar:" + train)
@@ -334,3 +342,16 @@ def test_train_ar_split_over_two_sp_ranks_gives_the_one_rank_losses(demo_repro, 
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-3)
         assert all(a[k] == b[k] for k in ("error_buffer_fill", "injected_context", "injected_latent", "injected_noise"))
     assert sum(h["injected_context"] + h["injected_latent"] for h in split) > 0
+
+    # what a rank encodes: a late slice of a shot, from its frames and a halo only, equals the cache's
+    encode = stage_config(EncodeLatentsConfig, "encode_latents", load_params(demo_repro / "params.yaml"))
+    source = OnlineSource(encode, demo_repro / "data/shots/shots.parquet", demo_repro / "data/shots/clips")
+    online = source.open(torch.device("cpu"))
+    index = pd.read_parquet(demo_repro / "data/latents/index.parquet")
+    row = index.loc[index["latent_shape"].map(lambda s: s[1]).idxmax()]
+    frames = int(row["latent_shape"][1])
+    with safe_open(str(demo_repro / "data/latents/shards" / row["shard"]), "pt") as shard:
+        cached = shard.get_slice(row["latents_key"])[:, frames - 4:frames]
+    torch.testing.assert_close(online.read(row["video_id"], row["shot_index"], frames - 4, frames), cached,
+                               rtol=1e-4, atol=1e-4)
+    assert online.latents_encoded < frames or online.halo + 5 >= frames

@@ -140,11 +140,16 @@ def text_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def make_models(cfg: EncodeLatentsConfig, device: torch.device, rank: int):
-    """The VAE on every rank; the text encoder on rank 0 only (None elsewhere): it embeds the captions."""
+def make_vae(cfg: EncodeLatentsConfig, device: torch.device):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)  # the tiny VAE's random weights are the same on every rank and every run
         vae = build_vae("tiny") if cfg.vae == "tiny" else load_vae(cfg.vae)
+    return vae.to(device)
+
+
+def make_models(cfg: EncodeLatentsConfig, device: torch.device, rank: int):
+    """The VAE on every rank; the text encoder on rank 0 only (None elsewhere): it embeds the captions."""
+    vae = make_vae(cfg, device)
     text = None
     if rank == 0:
         if cfg.text_encoder == "tiny":
@@ -152,7 +157,7 @@ def make_models(cfg: EncodeLatentsConfig, device: torch.device, rank: int):
         else:
             text = load_text_encoder(cfg.text_encoder, max_length=cfg.text_max_length, dtype=text_dtype(device))
         text.model.to(device=device, dtype=text_dtype(device))
-    return vae.to(device), text
+    return vae, text
 
 
 SHARD_NAME = re.compile(r"shard-(\d+)\.safetensors")

@@ -48,16 +48,17 @@ def split_latents(num_latents: int, ranks: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def chunk_for(rank: int, start: int, end: int, halo: int) -> Chunk:
+    """What encodes latents [start, end) of a shot: its raw frames with ``halo`` latents of context."""
+    raw_end = TEMPORAL_STRIDE * (end - 1) + 1
+    first_halo = start - halo
+    if start == 0 or first_halo <= 0:
+        return Chunk(rank, start, end, 0, raw_end, start)
+    return Chunk(rank, start, end, TEMPORAL_STRIDE * (first_halo - 1), raw_end, halo + 1)
+
+
 def plan_chunks(num_latents: int, ranks: int, halo: int) -> list[Chunk]:
-    chunks = []
-    for rank, (start, end) in enumerate(split_latents(num_latents, ranks)):
-        raw_end = TEMPORAL_STRIDE * (end - 1) + 1
-        first_halo = start - halo
-        if start == 0 or first_halo <= 0:
-            chunks.append(Chunk(rank, start, end, 0, raw_end, start))
-        else:
-            chunks.append(Chunk(rank, start, end, TEMPORAL_STRIDE * (first_halo - 1), raw_end, halo + 1))
-    return chunks
+    return [chunk_for(rank, start, end, halo) for rank, (start, end) in enumerate(split_latents(num_latents, ranks))]
 
 
 def encode_chunk(vae, video: torch.Tensor, chunk: Chunk) -> torch.Tensor:

@@ -65,6 +65,7 @@ class TrainARConfig:
     chunk_frames: int = 8  # latent frames per chunk (num_frame_per_block): one timestep each
     max_latent_frames: int = 96  # a longer sample is cut to a window of this many (a whole number of chunks)
     shot_rope_offset: int = 8  # frame positions jump by this at each new shot
+    latent_source: str = "cache"  # cache: data/latents' shards | online: each rank VAE-encodes its frames + halo
     timestep_shift: float = 5.0
     num_train_timesteps: int = 1000
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -106,6 +107,8 @@ class TrainARConfig:
         if self.activation_checkpointing not in ("none", "full", "selective"):
             raise ConfigError(f"{where}.activation_checkpointing must be none, full or selective; "
                               f"got {self.activation_checkpointing!r}")
+        if self.latent_source not in ("cache", "online"):
+            raise ConfigError(f"{where}.latent_source must be cache or online; got {self.latent_source!r}")
         if self.sharding not in ("full", "hybrid"):
             raise ConfigError(f"{where}.sharding must be full or hybrid; got {self.sharding!r}")
         if self.sharding == "hybrid" and self.nnodes < 2:

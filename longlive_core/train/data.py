@@ -48,16 +48,20 @@ class ShotRef:
     latents_key: str
     text_key: str
     frames: int  # latent frames kept (whole chunks)
+    video_id: str
+    shot_index: int
 
 
 class LatentSamples:
     """The samples of one split of the latent cache (``index.parquet`` + ``shards/``)."""
 
     def __init__(self, latent_dir: str | Path, split: str, chunk: int, shot_offset: int,
-                 sample_weights: dict[str, float] | None = None, align: int | None = None):
+                 sample_weights: dict[str, float] | None = None, align: int | None = None, online=None):
         """``align``: window lengths are multiples of it (a multiple of ``chunk``; sequence parallelism
-        over P ranks needs P chunks), and a sample shorter is not drawn (counted)."""
+        over P ranks needs P chunks), and a sample shorter is not drawn (counted). ``online``: an
+        ``OnlineLatents`` that encodes the latent frames from the clips instead of reading the shards."""
         self.root = Path(latent_dir)
+        self.online = online
         self.chunk, self.shot_offset = chunk, shot_offset
         self.align = align or chunk
         if self.align % chunk:
@@ -75,7 +79,8 @@ class LatentSamples:
             for row in rows.itertuples(index=False):
                 kept = (int(row.latent_shape[1]) // chunk) * chunk
                 if kept:
-                    refs.append(ShotRef(str(row.shard), row.latents_key, row.text_key, kept))
+                    refs.append(ShotRef(str(row.shard), row.latents_key, row.text_key, kept, str(row.video_id),
+                                        int(row.shot_index)))
             if sum(r.frames for r in refs) < self.align:
                 self.too_short += 1
                 continue
@@ -133,7 +138,10 @@ class LatentSamples:
                     window_position = position + lo - first
                 plo, phi = max(lo, lo_part), min(hi, hi_part)
                 if plo < phi:
-                    z = shard.get_slice(ref.latents_key)[:, plo - first:phi - first]
+                    if self.online is not None:
+                        z = self.online.read(ref.video_id, ref.shot_index, plo - first, phi - first)
+                    else:
+                        z = shard.get_slice(ref.latents_key)[:, plo - first:phi - first]
                     latents.append(torch.as_tensor(z).float())
                     shot_of_frame.append(torch.full((phi - plo,), len(texts) - 1, dtype=torch.long))
                     positions.append(torch.arange(position + plo - first, position + phi - first))

@@ -38,6 +38,7 @@ from longlive_core.train.error_recycling import ErrorRecycler, InjectionDraws
 from longlive_core.train.flops import peak_tflops, step_flops
 from longlive_core.train.flow import FlowMatching
 from longlive_core.train.layout import TeacherForcingLayout
+from longlive_core.train.online_latents import OnlineSource
 from longlive_core.train.parallelize import (
     apply_activation_checkpointing,
     apply_compile,
@@ -60,6 +61,7 @@ class TrainInputs:
     samples: Path  # data/samples/samples.parquet: the bucket weights
     checkpoints: Path
     digest: str  # what a checkpoint must match to be resumed
+    online: OnlineSource | None = None  # train_ar.latent_source online: the clips and the encoder
 
 
 @dataclasses.dataclass
@@ -197,9 +199,14 @@ class Trainer:
         self.flow = FlowMatching(cfg.num_train_timesteps, cfg.timestep_shift)
         weights = pd.read_parquet(inputs.samples, columns=["sample_id", "sample_weight"])
         align = cfg.chunk_frames * cfg.sp  # every SP rank holds whole chunks
+        if cfg.latent_source == "online" and inputs.online is None:
+            raise ConfigError("train_ar.latent_source online needs the clips and the encoder's settings "
+                              "(TrainInputs.online)")
+        self.online = inputs.online.open(self.device) if cfg.latent_source == "online" else None
         self.train_set = LatentSamples(inputs.latents, "train", cfg.chunk_frames, cfg.shot_rope_offset,
-                                       dict(zip(weights["sample_id"], weights["sample_weight"])), align)
-        self.val_set = LatentSamples(inputs.latents, "val", cfg.chunk_frames, cfg.shot_rope_offset, align=align)
+                                       dict(zip(weights["sample_id"], weights["sample_weight"])), align, self.online)
+        self.val_set = LatentSamples(inputs.latents, "val", cfg.chunk_frames, cfg.shot_rope_offset, align=align,
+                                     online=self.online)
         if not len(self.train_set) or float(self.train_set.weights.sum()) <= 0:
             raise ConfigError(f"no train-split sample in {inputs.latents} has {align} latent frames (sp x "
                               f"chunk_frames; {self.train_set.too_short} too short): encode more data or lower "
