@@ -47,8 +47,16 @@ def block_mask_for(mask_mod: MaskMod, q_len: int, kv_len: int, device: torch.dev
     """The FlexAttention block mask of a mask_mod at these lengths, built once and shared by every
     layer and call that uses the same mask_mod object. So a mask_mod must be a pure function of its
     indices: one that reads a tensor changed in place later would get its old mask."""
+    import torch._dynamo
     from torch.nn.attention.flex_attention import create_block_mask
-    return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
+    if device.type != "cuda":
+        return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
+    # compiled on GPUs: the eager construction evaluates mask_mod on all q_len x kv_len index pairs at
+    # once (about 100 GiB of int64 temporaries at 110K tokens); the compiled one goes block by block.
+    # Every new mask_mod (another layout) recompiles it: past dynamo's default limit of 8 it would fall
+    # back to the eager construction without a word, so the limit is raised for this call
+    with torch._dynamo.config.patch(recompile_limit=1024):
+        return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device, _compile=True)
 
 
 def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:

@@ -18,6 +18,7 @@ import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -38,7 +39,6 @@ from longlive_core.train.error_recycling import ErrorRecycler, InjectionDraws
 from longlive_core.train.flops import peak_tflops, step_flops
 from longlive_core.train.flow import FlowMatching
 from longlive_core.train.layout import TeacherForcingLayout
-from longlive_core.train.online_latents import OnlineSource
 from longlive_core.train.parallelize import (
     apply_activation_checkpointing,
     apply_compile,
@@ -50,6 +50,9 @@ from longlive_core.train.parallelize import (
     sequence_groups,
 )
 from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
+
+if TYPE_CHECKING:  # the online source needs PyAV and OpenCV, which GPU images may lack
+    from longlive_core.train.online_latents import OnlineSource
 
 log = logging.getLogger(__name__)
 MetricsSink = Callable[[dict, int], None]  # (metrics, step): rank 0's MLflow logging
