@@ -41,9 +41,12 @@ def runs(tmp_path_factory):
                                 {"name": "stop", "latents": latents, "train_ar": {**ER, "sp": 2},
                                  "checkpoints": resume, "stop_after": 3},
                                 {"name": "resume", "latents": latents, "train_ar": {**ER, "sp": 2},
-                                 "checkpoints": resume}], 2)
+                                 "checkpoints": resume},
+                                {"name": "er_dp", "latents": latents, "train_ar": {**ER, "grad_accum": 1}}], 2)
     out[3] = launch(tmp / "3", [grads("g", {"sp": 3})], 3)
-    out[4] = launch(tmp / "4", [grads("g", {"sp": 2})], 4)  # 2 data-parallel groups of 2 SP ranks
+    # 2 data-parallel groups of 2 SP ranks
+    out[4] = launch(tmp / "4", [grads("g", {"sp": 2}),
+                                {"name": "er_dp", "latents": latents, "train_ar": {**ER, "sp": 2, "grad_accum": 1}}], 4)
     return out
 
 
@@ -87,3 +90,17 @@ def test_error_recycling_does_not_depend_on_sp_and_resumes_its_buffers(runs):
     assert resumed["start_step"] == 2
     assert [m["loss"] for m in resumed["logged"]] == [m["loss"] for m in two[2:]]
     assert [m["injected_latent"] for m in resumed["logged"]] == [m["injected_latent"] for m in two[2:]]
+
+
+def test_error_warm_up_pools_over_the_ranks_that_hold_the_same_buckets(runs):
+    """Two data-parallel ranks, each its own buffers, pooling errors during warm-up: split over 2 SP
+    ranks each (4 ranks, the pool is the data-parallel group of an SP rank) as on 1."""
+    one, two = runs[2]["er_dp"]["summary"]["logged"], runs[4]["er_dp"]["summary"]["logged"]
+    keys = ("loss", "error_buffer_fill", "injected_context", "injected_latent", "injected_noise")
+    for a, b in zip(one, two, strict=True):
+        assert {k: b[k] for k in keys} == pytest.approx({k: a[k] for k in keys}, rel=1e-4)
+    # in warm-up each data-parallel rank stores both ranks' errors: the fill of one rank drawing both
+    # samples (accumulation 2); keeping only its own would halve it
+    alone = runs[1]["er"]["summary"]["logged"]
+    assert one[1]["error_buffer_fill"] == pytest.approx(alone[1]["error_buffer_fill"])
+    assert one[1]["error_buffer_fill"] > 0
