@@ -180,12 +180,13 @@ class ErrorRecycler:
             slot = float(torch.rand(1, generator=generator_for(seed, "error-slot", *key, c), dtype=torch.float64))
             part = slice(j * chunk_frames, (j + 1) * chunk_frames)
             for kind, err in (("latent", latent_error), ("noise", noise_error)):
-                self.pending.append((key, c, kind, pos, self.t_bucket(ti), err[0, :, part].detach().cpu(), slot))
+                self.pending.append((key, c, kind, pos, self.t_bucket(ti), err[0, :, part].detach(), slot))
 
     def commit(self, step: int) -> None:
         """Stores the step's queued errors in key order; during warm-up those of every data-parallel
         rank of this SP rank (a collective over ``dp_group``)."""
-        items = self.pending
+        # to the CPU now, after the step: queued on the device, the errors cost no sync per micro-batch
+        items = [(*it[:5], it[5].to("cpu", self.latent.dtype), it[6]) for it in self.pending]
         self.pending = []
         if step < self.cfg.warmup_steps and self.dp_group is not None and dist.get_world_size(self.dp_group) > 1:
             gathered: list = [None] * dist.get_world_size(self.dp_group)

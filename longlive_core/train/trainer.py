@@ -9,6 +9,7 @@ left as they were, no error stored for recycling.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -128,8 +129,8 @@ def sample_loss(model: WanDiT, batch: Batch, flow: FlowMatching, chunk: int, dev
     layout = layout_of(model, batch, chunk, shard.size)
     lo, hi = layout.frame_range(shard.rank)
     chunks = list(range(lo // chunk, hi // chunk))
-    x0 = s.latents[None].to(device)
-    noise = batch.noise.to(device)
+    x0 = s.latents[None].to(device, non_blocking=True)  # pinned by the prefetch: the copy does not wait
+    noise = batch.noise.to(device, non_blocking=True)
     sigma = batch.sigma[:, chunks].to(device)
     t_index = batch.t_index[0, chunks].tolist()
     context = noised_from = x0
@@ -154,8 +155,9 @@ def sample_loss(model: WanDiT, batch: Batch, flow: FlowMatching, chunk: int, dev
     return F.mse_loss(pred, target), layout
 
 
-def _sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+def _sum_over_ranks(values: list, device: torch.device) -> list[float]:
+    """Numbers or device scalars (read here, in the one host sync this costs), summed over all ranks."""
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
     dist.all_reduce(t)
     return t.tolist()
 
@@ -236,19 +238,45 @@ class Trainer:
         self.recycler = (ErrorRecycler(er, self.shard.rank, cfg.sp, cfg.num_train_timesteps, dp_group)
                          if er.enabled else None)
         self.recycling: dict[str, float] = {}  # the last step's buffer fill and injections (world totals)
+        # one thread draws the next micro-batch (CPU noise, shard reads, pinning) while the GPU computes
+        self._prefetch = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="train-data")
+                          if self.online is None else None)
+        self._ahead: dict[tuple, concurrent.futures.Future] = {}
 
-    def accumulate(self, step: int) -> tuple[float, float, int]:
+    def _train_key(self, step: int, micro: int) -> tuple:
+        return ("train", step, micro * self.cfg.dp_size + self.dp_rank)
+
+    def _draw(self, key: tuple) -> Batch:
+        batch = draw_batch(self.train_set, self.cfg, self.flow, key, shard=self.shard)
+        if self.device.type == "cuda":
+            batch.sample.latents, batch.noise = batch.sample.latents.pin_memory(), batch.noise.pin_memory()
+        return batch
+
+    def _batch(self, key: tuple, next_key: tuple) -> Batch:
+        """The micro-batch of ``key``, drawn ahead in a background thread while the previous one ran
+        on the GPU; starts drawing ``next_key``'s. Draws are pure functions of their keys, so what is
+        drawn ahead is what would be drawn now. The online latent source encodes on the GPU: no drawing ahead."""
+        if self._prefetch is None:
+            return self._draw(key)
+        future = self._ahead.pop(key, None)
+        self._ahead.clear()  # a key not asked for (a run's last step, a stop) is dropped
+        batch = future.result() if future is not None else self._draw(key)
+        self._ahead[next_key] = self._prefetch.submit(self._draw, next_key)
+        return batch
+
+    def accumulate(self, step: int) -> tuple[torch.Tensor, float, float]:
         """Forward and backward of this rank's ``grad_accum`` micro-batches of ``step``; returns this
-        rank's share of (loss sum, FLOPs, tokens): summed over every rank they give the global batch's."""
+        rank's share of (loss sum, as a device scalar: no host sync per micro-batch; FLOPs; tokens):
+        summed over every rank they give the global batch's."""
         cfg, sp = self.cfg, self.cfg.sp
-        loss_sum, flops, tokens = 0.0, 0.0, 0.0
+        loss_sum, flops, tokens = torch.zeros((), device=self.device), 0.0, 0.0
         for micro in range(cfg.grad_accum):
-            batch = draw_batch(self.train_set, cfg, self.flow, ("train", step, micro * cfg.dp_size + self.dp_rank),
-                               shard=self.shard)
+            following = self._train_key(step, micro + 1) if micro + 1 < cfg.grad_accum else self._train_key(step + 1, 0)
+            batch = self._batch(self._train_key(step, micro), following)
             loss, layout = sample_loss(self.model, batch, self.flow, cfg.chunk_frames, self.device, self.dtype,
                                        self.shard, self.recycler, step, cfg.seed)
             (loss / cfg.grad_accum).backward()
-            loss_sum += float(loss.detach()) / sp
+            loss_sum += loss.detach() / sp
             flops += step_flops(self.model.cfg, layout, batch.sample.text.shape[0]) / sp
             tokens += 2 * layout.frames * layout.tokens_per_frame / sp
         return loss_sum, flops, tokens

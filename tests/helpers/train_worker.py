@@ -34,7 +34,7 @@ def run_one(spec: dict, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
     if spec.get("grads"):
         loss_sum, _, _ = trainer.accumulate(0)
-        total = torch.tensor([loss_sum], dtype=torch.float64)
+        total = torch.tensor([float(loss_sum)], dtype=torch.float64)
         dist.all_reduce(total)
         grads = {clean_name(n): p.grad.full_tensor().contiguous() for n, p in trainer.model.named_parameters()}
         if rank0:
