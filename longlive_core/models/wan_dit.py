@@ -152,8 +152,11 @@ class WanDiT(nn.Module):
         t_emb = t_emb.float()
         frames = t_mod.shape[1]
         context = self.text_embedding(text)
-        for block in self.blocks:
-            x = block(x, context, t_mod, frames, rope, mask_mod, self.attention_fn, cross_mask_mod)
+        # an attention_fn with a per-block form (the inference KV cache) gives each block its own
+        per_layer = getattr(self.attention_fn, "for_layer", None)
+        for i, block in enumerate(self.blocks):
+            fn = per_layer(i) if per_layer is not None else self.attention_fn
+            x = block(x, context, t_mod, frames, rope, mask_mod, fn, cross_mask_mod)
         out = self.head(x, t_emb, frames)  # (B, L, pt*ph*pw*C)
         out = out.view(b, fp, hp, wp, pt, ph, pw, cfg.out_channels).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return out.reshape(b, cfg.out_channels, fp * pt, hp * ph, wp * pw)
