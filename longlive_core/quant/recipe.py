@@ -18,6 +18,7 @@ import logging
 from torch import nn
 
 from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
+from longlive_core.quant.packed import PackedNVFP4Linear
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +52,11 @@ def _last_block_prefixes(model: nn.Module, blocks_attr: str, keep_last_blocks: i
 
 def convert_linears(model: nn.Module, recipe: str, skip: tuple[str, ...] = DEFAULT_SKIP,
                     keep_last_blocks: int = 0, blocks_attr: str = "blocks",
-                    overrides: dict | None = None) -> ConversionReport:
+                    overrides: dict | None = None, packed: bool = False) -> ConversionReport:
     """Converts ``model`` in place under ``recipe`` (a key of RECIPES); ``overrides`` replaces
-    fields of the recipe (e.g. ``{"backend": "torch"}``)."""
+    fields of the recipe (e.g. ``{"backend": "torch"}``). ``packed``: frozen layers held as NVFP4
+    codes and scales with no master weight (:class:`~longlive_core.quant.packed.PackedNVFP4Linear`),
+    for distillation's backbone and the W4A4 model."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown quantization recipe {recipe!r}; known: {', '.join(RECIPES)}")
     report = ConversionReport(recipe)
@@ -78,7 +81,8 @@ def convert_linears(model: nn.Module, recipe: str, skip: tuple[str, ...] = DEFAU
     for name in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, NVFP4Linear.from_linear(getattr(parent, child), config))
+        layer = PackedNVFP4Linear if packed else NVFP4Linear
+        setattr(parent, child, layer.from_linear(getattr(parent, child), config))
         report.converted.append(name)
     log.info(report.summary())
     return report
@@ -97,7 +101,7 @@ def set_amax_group(model: nn.Module, group) -> int:
     """Every converted layer max-reduces its tensor-wide amaxes over ``group`` (the ranks that split
     the sequence), so their round-to-nearest results equal one rank's; None: local amaxes. Returns
     how many layers it set."""
-    layers = [m for m in model.modules() if isinstance(m, NVFP4Linear)]
+    layers = [m for m in model.modules() if isinstance(m, (NVFP4Linear, PackedNVFP4Linear))]
     for layer in layers:
         layer.amax_group = group
     return len(layers)
