@@ -16,16 +16,18 @@ from torch import nn
 
 from longlive_core.quant.gemm import emulated_mm, quantize_partial
 from longlive_core.quant.linear import NVFP4Recipe, _amaxes_over_group
-from longlive_core.quant.nvfp4 import BLOCK, NVFP4Tensor, quantize_nvfp4
+from longlive_core.quant.nvfp4 import BLOCK, decode_e2m1, quantize_nvfp4, unpack_codes
 
 
-def _weight_operand(codes: torch.Tensor, scales: torch.Tensor, amax: torch.Tensor, shape: tuple[int, int],
-                    scale_max: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values x block scales in bfloat16, the decode scale 1 / S_enc): a GEMM's partial operand."""
-    q = NVFP4Tensor(codes, scales, amax, shape, scale_max=scale_max)
+def weight_operand(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, shape: tuple[int, int]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E2M1 values x block scales in bfloat16, exact; the decode scale 1 / S_enc): a GEMM's partial operand
+    and its scale, from the packed codes, the E4M3 block scales and the encode scale S_enc."""
     m, k = shape
-    part = (q.values().view(m, k // BLOCK, BLOCK) * scales.float()[..., None]).view(m, k)
-    return part.to(torch.bfloat16), (torch.ones_like(q.encode_scale) / q.encode_scale).reshape(())
+    values = decode_e2m1(unpack_codes(packed)).view(m, k // BLOCK, BLOCK)
+    part = (values * scale.float()[..., None]).view(m, k)
+    s_enc = global_scale.float().reshape(())
+    return part.to(torch.bfloat16), torch.ones_like(s_enc) / s_enc
 
 
 class _PackedFn(torch.autograd.Function):
@@ -55,41 +57,62 @@ class _PackedFn(torch.autograd.Function):
 
 class PackedNVFP4Linear(nn.Linear):
     """An ``nn.Linear`` (so adapters such as peft's LoRA wrap it) whose frozen weight lives only as
-    NVFP4 buffers ``weight_codes``, ``weight_scales``, ``weight_amax``; ``weight`` decodes it on
-    demand (for inspection and merging, not for the forward)."""
+    NVFP4 buffers, named as compressed-tensors names them: ``weight_packed`` (uint8, element 2i in
+    the low nibble), ``weight_scale`` (E4M3, out x in/16) and ``weight_global_scale`` (float32 [1],
+    the encode scale S_enc); ``weight`` decodes it on demand (for inspection and merging, not for
+    the forward)."""
 
     recipe: NVFP4Recipe
     amax_group: dist.ProcessGroup | None = None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, recipe: NVFP4Recipe) -> PackedNVFP4Linear:
+    def from_packed(cls, in_features: int, out_features: int, packed: torch.Tensor, scale: torch.Tensor,
+                    global_scale: torch.Tensor, bias: torch.Tensor | None, recipe: NVFP4Recipe) -> PackedNVFP4Linear:
         new = cls.__new__(cls)
         nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.in_features, new.out_features = in_features, out_features
         new.recipe, new.amax_group = recipe, None
-        q = quantize_nvfp4(linear.weight.detach(), tile=recipe.weight_tile, four_over_six=recipe.four_over_six,
-                           backend=recipe.backend)
-        new.register_buffer("weight_codes", q.codes)
-        new.register_buffer("weight_scales", q.scales)
-        new.register_buffer("weight_amax", q.amax.reshape(()))
-        new.scale_max = q.scale_max
-        new.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
+        if packed.shape != (out_features, in_features // 2) or scale.shape != (out_features, in_features // BLOCK):
+            raise ValueError(f"packed weight {tuple(packed.shape)} / scales {tuple(scale.shape)} do not fit a "
+                             f"{out_features}x{in_features} layer")
+        new.register_buffer("weight_packed", packed)
+        new.register_buffer("weight_scale", scale)
+        new.register_buffer("weight_global_scale", global_scale.float().reshape(1))
+        new.register_buffer("bias", bias)
         return new
 
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: NVFP4Recipe) -> PackedNVFP4Linear:
+        q = quantize_nvfp4(linear.weight.detach(), tile=recipe.weight_tile, four_over_six=recipe.four_over_six,
+                           backend=recipe.backend)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls.from_packed(linear.in_features, linear.out_features, q.codes, q.scales, q.encode_scale, bias,
+                               recipe)
+
     def weight_operand(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return _weight_operand(self.weight_codes, self.weight_scales, self.weight_amax,
-                               (self.out_features, self.in_features), self.scale_max)
+        return weight_operand(self.weight_packed, self.weight_scale, self.weight_global_scale,
+                              (self.out_features, self.in_features))
 
     @property
     def weight(self) -> torch.Tensor:  # type: ignore[override]
-        wp, wd = self.weight_operand()
-        return wp.float() * wd
+        return dequantize_packed(self.weight_packed, self.weight_scale, self.weight_global_scale,
+                                 (self.out_features, self.in_features), torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _PackedFn.apply(x, self)
 
     def packed_bytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in (self.weight_codes, self.weight_scales, self.weight_amax))
+        return sum(b.numel() * b.element_size() for b in (self.weight_packed, self.weight_scale,
+                                                           self.weight_global_scale))
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, packed NVFP4, recipe={self.recipe}"
+
+
+def dequantize_packed(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, shape: tuple[int, int],
+                      dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The weight the codes stand for, computed in compressed-tensors' order (values x (scale / S_enc)
+    in float32, then ``dtype``), so its decompression of our file gives these numbers exactly."""
+    m, k = shape
+    values = decode_e2m1(unpack_codes(packed)).view(m, k // BLOCK, BLOCK)
+    return (values * (scale.float() / global_scale.float().reshape(()))[..., None]).view(m, k).to(dtype)
