@@ -24,6 +24,7 @@ projection is what the exchange costs at the link's full rate, an upper bound on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -99,7 +100,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     cfg = model_configs.dit_config("wan2.2-ti2v-5b")
-    cfg = type(cfg)(**{**cfg.__dict__, "num_layers": args.blocks})
+    cfg = dataclasses.replace(cfg, num_layers=args.blocks)
     with torch.device("meta"):
         model = WanDiT(cfg)
     model.to_empty(device="cuda")

@@ -3,6 +3,8 @@ by compressed-tensors itself to our dequantized weights exactly, 3.5x smaller th
 quantized part."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
@@ -49,7 +51,7 @@ def test_saved_and_loaded_bit_for_bit(packed, tmp_path):
     with torch.device("meta"):
         fresh = WanDiT(DIT_CONFIGS["tiny"])
     recipe = recipe_from_notes(notes["longlive_quantization"])
-    recipe = type(recipe)(**{**recipe.__dict__, "backend": "torch"})
+    recipe = dataclasses.replace(recipe, backend="torch")
     assert load_packed_layers(fresh, loaded, recipe) == len(packed_layers(model))
     fresh.load_state_dict({k: v for k, v in loaded.items() if not k.endswith("input_global_scale")}, strict=True,
                           assign=True)

@@ -55,7 +55,7 @@ def _amaxes_along_tokens(t2: torch.Tensor, backend) -> tuple[torch.Tensor, torch
     return operand_amaxes(_pad_rows(t2).t(), backend)
 
 
-def _amaxes_over_group(t2: torch.Tensor, recipe: NVFP4Recipe, group) -> tuple[torch.Tensor, torch.Tensor]:
+def amaxes_over_group(t2: torch.Tensor, recipe: NVFP4Recipe, group) -> tuple[torch.Tensor, torch.Tensor]:
     """The two amaxes of :func:`_amaxes_along_tokens` max-reduced over ``group``: ranks that each hold
     part of the tokens (sequence parallelism) quantize with the whole tensor's scales, as one rank
     holding every token would."""
@@ -72,7 +72,7 @@ class _NVFP4LinearFn(torch.autograd.Function):
         x_amax = xt_amax = None
         fused = for_backward and recipe.wgrad_rht and recipe.four_over_six is None
         if group is not None:
-            x_amax, xt_amax = _amaxes_over_group(x2, recipe, group)
+            x_amax, xt_amax = amaxes_over_group(x2, recipe, group)
         elif fused:  # the wgrad operand's amax now, from the same read as the forward's
             x_amax, xt_amax = _amaxes_along_tokens(x2, recipe.backend)
         wp, wd = quantize_partial(weight, recipe.weight_tile, four_over_six=recipe.four_over_six,
@@ -104,7 +104,7 @@ class _NVFP4LinearFn(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         g_amax = gt_amax = None
         if ctx.group is not None:
-            g_amax, gt_amax = _amaxes_over_group(g2, r, ctx.group)
+            g_amax, gt_amax = amaxes_over_group(g2, r, ctx.group)
         elif xt_amax is not None and ctx.needs_input_grad[1]:
             g_amax, gt_amax = _amaxes_along_tokens(g2, r.backend)
         if ctx.needs_input_grad[0]:

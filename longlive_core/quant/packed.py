@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from longlive_core.quant.gemm import emulated_mm, quantize_partial
-from longlive_core.quant.linear import NVFP4Recipe, _amaxes_over_group
+from longlive_core.quant.linear import NVFP4Recipe, amaxes_over_group
 from longlive_core.quant.nvfp4 import BLOCK, decode_e2m1, quantize_nvfp4, unpack_codes
 
 
@@ -36,7 +36,7 @@ class _PackedFn(torch.autograd.Function):
         r, group = layer.recipe, layer.amax_group
         x2 = x.reshape(-1, x.shape[-1])
         wp, wd = layer.weight_operand()
-        x_amax = _amaxes_over_group(x2, r, group)[0] if group is not None else None
+        x_amax = amaxes_over_group(x2, r, group)[0] if group is not None else None
         xp, alpha = quantize_partial(x2, (1, BLOCK), four_over_six=r.four_over_six, backend=r.backend, amax=x_amax,
                                      times=wd)
         y = emulated_mm(xp, alpha, wp.t(), None, layer.bias, x.dtype)
@@ -49,7 +49,7 @@ class _PackedFn(torch.autograd.Function):
         r = layer.recipe
         g2 = gy.reshape(-1, gy.shape[-1])
         wp, wd = layer.weight_operand()
-        g_amax = _amaxes_over_group(g2, r, layer.amax_group)[0] if layer.amax_group is not None else None
+        g_amax = amaxes_over_group(g2, r, layer.amax_group)[0] if layer.amax_group is not None else None
         gp, alpha = quantize_partial(g2, (1, BLOCK), stochastic=r.grad_stochastic, backend=r.backend, amax=g_amax,
                                      times=wd)
         return emulated_mm(gp, alpha, wp, None, out_dtype=gy.dtype).view(ctx.x_shape), None

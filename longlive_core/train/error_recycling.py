@@ -21,11 +21,13 @@ rank) pool their errors, so the buffers fill evenly; after that each keeps its o
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from longlive_core.config import ConfigError
+from longlive_core.train.data import generator_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +129,18 @@ class InjectionDraws:
                    not clean and u[3] < cfg.noise_prob, entry, scale)
 
 
+class _Pending(NamedTuple):
+    """An error queued by ``record`` until the step's ``commit``."""
+
+    key: tuple  # the micro-batch's draw key
+    chunk: int
+    kind: str  # latent | noise
+    position: int
+    t_bucket: int
+    error: torch.Tensor
+    slot_draw: float
+
+
 class ErrorRecycler:
     """Both buffers of one rank, the injections into a sample's inputs and the errors it stores."""
 
@@ -138,7 +152,7 @@ class ErrorRecycler:
         dtype = getattr(torch, cfg.store_dtype)
         self.latent = ErrorBuffer(positions, cfg.timestep_buckets, cfg.entries_per_bucket, dtype)
         self.noise = ErrorBuffer(positions, cfg.timestep_buckets, cfg.entries_per_bucket, dtype)
-        self.pending: list[tuple[tuple, int, str, int, int, torch.Tensor, float]] = []
+        self.pending: list[_Pending] = []
         self.injected = {"context": 0, "latent": 0, "noise": 0}
 
     def t_bucket(self, index: int) -> int:
@@ -174,26 +188,26 @@ class ErrorRecycler:
                latent_error: torch.Tensor, noise_error: torch.Tensor, seed: int) -> None:
         """Queues this rank's chunks' errors (1, C, f, h, w) of the sample drawn with ``key``; ``commit``
         stores them after the step."""
-        from longlive_core.train.data import generator_for
         for j, (c, ti) in enumerate(zip(chunks, t_index, strict=True)):
             pos = position_bucket(c, total_chunks, self.cfg.position_buckets)
             slot = float(torch.rand(1, generator=generator_for(seed, "error-slot", *key, c), dtype=torch.float64))
             part = slice(j * chunk_frames, (j + 1) * chunk_frames)
             for kind, err in (("latent", latent_error), ("noise", noise_error)):
-                self.pending.append((key, c, kind, pos, self.t_bucket(ti), err[0, :, part].detach(), slot))
+                self.pending.append(_Pending(key, c, kind, pos, self.t_bucket(ti), err[0, :, part].detach(), slot))
 
-    def commit(self, step: int) -> None:
-        """Stores the step's queued errors in key order; during warm-up those of every data-parallel
-        rank of this SP rank (a collective over ``dp_group``)."""
+    def commit(self, step: int, store: bool = True) -> None:
+        """Stores the step's queued errors in key order (none when not ``store``: a skipped step's may
+        not be finite); during warm-up those of every data-parallel rank of this SP rank. A collective
+        over ``dp_group`` in warm-up: every rank calls it, storing or not."""
         # to the CPU now, after the step: queued on the device, the errors cost no sync per micro-batch
-        items = [(*it[:5], it[5].to("cpu", self.latent.dtype), it[6]) for it in self.pending]
+        items = [p._replace(error=p.error.to("cpu", self.latent.dtype)) for p in self.pending] if store else []
         self.pending = []
         if step < self.cfg.warmup_steps and self.dp_group is not None and dist.get_world_size(self.dp_group) > 1:
             gathered: list = [None] * dist.get_world_size(self.dp_group)
             dist.all_gather_object(gathered, items, group=self.dp_group)
             items = [item for part in gathered for item in part]
-        for _key, _chunk, kind, pos, tb, err, slot in sorted(items, key=lambda it: it[:3]):
-            (self.noise if kind == "noise" else self.latent).add(pos, tb, err, slot)
+        for p in sorted(items, key=lambda p: (p.key, p.chunk, p.kind)):
+            (self.noise if p.kind == "noise" else self.latent).add(p.position, p.t_bucket, p.error, p.slot_draw)
 
     def take_injection_counts(self) -> dict[str, int]:
         counts, self.injected = self.injected, {k: 0 for k in self.injected}

@@ -298,9 +298,7 @@ class Trainer:
             self.ema.update(self.model, step)
         self.optimizer.zero_grad(set_to_none=True)
         if self.recycler is not None:
-            if not finite:
-                self.recycler.pending.clear()
-            self.recycler.commit(step)  # collective in warm-up: every rank calls it
+            self.recycler.commit(step, store=finite)
             entries, capacity, context, latent, noise = counts
             self.recycling = {"error_buffer_fill": entries / capacity, "injected_context": context,
                               "injected_latent": latent, "injected_noise": noise}
