@@ -61,3 +61,41 @@ def run_stage(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable
 
 def main_for(stage: str, prepare, body, one_line) -> None:
     sys.exit(run_stage(stage, prepare, body, one_line))
+
+
+def run_ranks(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable[[C, StageRun], dict[str, Any]],
+              one_line: Callable[[dict[str, Any]], str], world: Callable[[C], Any]) -> None:
+    """A stage whose body runs on ``nnodes`` x ``nproc`` ranks (``world(prepared)`` gives those and
+    ``device``): validates once, re-executes itself under torchrun, and in each rank joins the process
+    group (gloo on the CPU, NCCL on GPUs); rank 0 holds the MLflow run and the report."""
+    import datetime
+    import os
+
+    from longlive_core.devices import pick_device
+    from longlive_core.train.launch import torchrun_command, under_torchrun
+
+    setup_logging()
+    if not under_torchrun():
+        try:
+            cfg = world(prepare(load_params()))
+            cmd = torchrun_command(f"tasks.{stage}", cfg.nnodes, cfg.nproc)
+        except (ConfigError, SourceError, CheckpointError) as exc:
+            print(f"{stage}: {exc}", file=sys.stderr)
+            sys.exit(2)
+        os.execvp(cmd[0], cmd)
+    import torch
+    import torch.distributed as dist
+
+    device = pick_device(world(prepare(load_params())).device, f"{stage}.device")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=1))
+    try:
+        if dist.get_rank() == 0:
+            code = run_stage(stage, prepare, body, one_line)
+        else:
+            body(prepare(load_params()), StageRun(TrackingConfig(enabled=False), stage))
+            code = 0
+    finally:
+        dist.destroy_process_group()
+    sys.exit(code)

@@ -6,26 +6,21 @@ between runs) let a killed or extended run continue where it stopped."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import os
 import shutil
-import sys
 from typing import Any
 
-from longlive_core.config import ConfigError, load_params, stage_config
+from longlive_core.config import ConfigError, stage_config
 from longlive_core.devices import pick_device
 from longlive_core.latents.encode import EncodeLatentsConfig
 from longlive_core.models.checkpoint import check_dit_weights, save_dit
 from longlive_core.models.config import dit_config
 from longlive_core.models.vae import SPATIAL_STRIDE, TEMPORAL_STRIDE
 from longlive_core.models.weights import CheckpointError, weights_identity
-from longlive_core.progress import setup_logging
 from longlive_core.tracking.lineage import digest_file, digest_json, git_state
-from longlive_core.tracking.mlflow_run import StageRun, TrackingConfig
 from longlive_core.train.config import TrainARConfig
-from longlive_core.train.launch import torchrun_command, under_torchrun
+from longlive_core.train.launch import under_torchrun
 from tasks.paths import AR_CHECKPOINTS, AR_MODEL, CLIPS, LATENT_INDEX, LATENTS, SAMPLES, SHOTS, TRAIN_AR_HISTORY
-from tasks.stage import run_stage
+from tasks.stage import run_ranks
 
 STAGE = "train_ar"
 
@@ -127,31 +122,7 @@ def one_line(s) -> str:
 
 
 def main() -> None:
-    setup_logging()
-    if not under_torchrun():  # validate once, then start the ranks
-        try:
-            cfg = prepare(load_params()).train
-            cmd = torchrun_command(f"tasks.{STAGE}", cfg.nnodes, cfg.nproc)
-        except (ConfigError, CheckpointError) as exc:
-            print(f"{STAGE}: {exc}", file=sys.stderr)
-            sys.exit(2)
-        os.execvp(cmd[0], cmd)
-    import torch
-    import torch.distributed as dist
-
-    device = pick_device(stage_config(TrainARConfig, STAGE, load_params()).device, f"{STAGE}.device")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=1))
-    try:
-        if dist.get_rank() == 0:
-            code = run_stage(STAGE, prepare, body, one_line)
-        else:
-            body(prepare(load_params()), StageRun(TrackingConfig(enabled=False), STAGE))
-            code = 0
-    finally:
-        dist.destroy_process_group()
-    sys.exit(code)
+    run_ranks(STAGE, prepare, body, one_line, lambda p: p.train)
 
 
 if __name__ == "__main__":

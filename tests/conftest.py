@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -36,6 +37,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def launch_worker(worker: str, tmp_path: Path, specs: list[dict], nproc: int) -> Path:
+    """Runs ``tests.helpers.<worker>`` on ``nproc`` ranks under torchrun over ``specs`` (its runs, in
+    order, one launch for all); returns the folder it wrote each run's results into."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config = tmp_path / f"spec-{specs[0]['name']}.json"
+    config.write_text(json.dumps({"runs": specs}))
+    out = tmp_path / "out"
+    run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+         "-m", f"tests.helpers.{worker}", str(config), str(out)], cwd=REPO)
+    return out
 
 
 @pytest.fixture(scope="session")

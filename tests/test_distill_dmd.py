@@ -47,7 +47,7 @@ def test_gradient_points_from_real_to_fake_and_is_normalised_per_chunk():
 
 def test_guidance_and_critic_loss():
     cond, uncond = torch.tensor([2.0]), torch.tensor([1.0])
-    assert guided(cond, uncond, 3.0).item() == 4.0 and guided(cond, uncond, 1.0).item() == 2.0
+    assert guided(cond, uncond, 3.0).item() == 5.0 and guided(cond, uncond, 0.0).item() == 2.0
     x0, noise = torch.zeros(1, 1, 2, 1, 1), torch.ones(1, 1, 2, 1, 1)
     assert critic_loss(noise - x0, x0, noise).item() == 0.0
     assert critic_loss(torch.zeros_like(noise), x0, noise).item() == 1.0

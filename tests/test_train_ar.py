@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from safetensors.torch import load_file
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
 
-from .conftest import REPO, free_port, run
+from .conftest import launch_worker
 from .helpers.latent_cache import SMALL, make_cache
 
 pytestmark = pytest.mark.slow
@@ -31,12 +30,7 @@ def launch(tmp_path: Path, runs: list[dict], nproc: int = 1) -> dict[str, dict]:
     specs = [{"checkpoints": str(tmp_path / f"ckpt-{r['name']}"), "digest": "d", **r,
               "train_ar": {**BASE, **r.get("train_ar", {}), "nproc": nproc}, "latents": str(r["latents"])}
              for r in runs]
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    config = tmp_path / f"spec-{runs[0]['name']}.json"
-    config.write_text(json.dumps({"runs": specs}))
-    out = tmp_path / "out"
-    run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-         "-m", "tests.helpers.train_worker", str(config), str(out)], cwd=REPO)
+    out = launch_worker("train_worker", tmp_path, specs, nproc)
     return {r["name"]: {"summary": json.loads((out / r["name"] / "summary.json").read_text()),
                         "out": out / r["name"]} for r in runs}
 

@@ -3,10 +3,11 @@ distribution and away from the fake score's, which a critic keeps fitting to the
 
 For a generated latent x (no gradient into the scores), draw a timestep t, noise x to x_t and ask
 both scores for x0. The real score is the frozen AR model with classifier-free guidance against the
-empty prompt: real = uncond + g (cond - uncond) (g = 3 in production); the fake score runs
-unguided. The DMD gradient is fake - real, divided per chunk of latent frames by mean |x - real|
-over that chunk (so every chunk moves by a comparable step whatever its error); the generator's loss
-is 0.5 * MSE(x, stop_grad(x - grad)), whose gradient in x is grad / numel. Timesteps are uniform in
+empty prompt: real = cond + g (cond - uncond) (g = 3 in production; the public code's convention,
+in which g = 0 is the conditional prediction alone); the fake score runs unguided. The DMD gradient
+is fake - real, divided per chunk of latent frames by mean |x - real| over that chunk (so every
+chunk moves by a comparable step whatever its error); the generator's loss is
+0.5 * MSE(x, stop_grad(x - grad)), whose gradient in x is grad / numel. Timesteps are uniform in
 [0, 1000), put through the schedule's shift and clamped to [20, 980]. The critic learns the flow
 loss on detached generator samples; the generator steps once every ``generator_every`` critic
 steps.
@@ -25,8 +26,8 @@ def dmd_timesteps(u: torch.Tensor, shift: float = 5.0, low: float = 20.0, high: 
 
 
 def guided(cond: torch.Tensor, uncond: torch.Tensor, guidance: float) -> torch.Tensor:
-    """Classifier-free guidance of two x0 predictions: uncond + g (cond - uncond)."""
-    return uncond + guidance * (cond - uncond)
+    """Classifier-free guidance of two x0 predictions: cond + g (cond - uncond) (g = 0: cond alone)."""
+    return cond + guidance * (cond - uncond)
 
 
 def dmd_gradient(x: torch.Tensor, fake_x0: torch.Tensor, real_x0: torch.Tensor, chunk_frames: int) -> torch.Tensor:

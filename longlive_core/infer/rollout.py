@@ -5,12 +5,14 @@ For each chunk of ``chunk_frames`` latent frames: start from noise, and for each
 take x0 = x - sigma v (sigma = t / 1000, the schedule's shift already in the list), and renoise x0
 to the next timestep with fresh noise, until the next one is 0. The finished chunk is then run
 once at t = 0 to write its keys and values into the cache (not after the last chunk: nothing reads
-them). Frame positions run on from chunk to chunk. Self-forcing distillation and the inference
+them). Frame positions run on from chunk to chunk. Self-forcing distillation stops each chunk at a
+drawn exit step and backpropagates through that step only. Self-forcing distillation and the inference
 engine both run this loop.
 """
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 
@@ -31,42 +33,62 @@ class RolloutConfig:
 
 
 def denoise_chunk(model: WanDiT, x: torch.Tensor, text: torch.Tensor, positions: torch.Tensor,
-                  steps: tuple[int, ...], generator: torch.Generator | None) -> torch.Tensor:
-    """x (B, C, F_c, h, w) pure noise at steps[0] -> the chunk's x0, reading (not writing) the cache."""
+                  steps: tuple[int, ...], generator: torch.Generator | None, exit_index: int | None = None,
+                  grad: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x (B, C, F_c, h, w) pure noise at steps[0] -> the chunk's x0, reading (not writing) the cache:
+    the x0 predicted at step ``exit_index`` (default the last, steps[-2]); with ``grad`` that one
+    prediction carries the gradient, every step before it runs without. The model reads x in
+    ``dtype`` (default x's); the chunk's running state stays in x's."""
     b = x.shape[0]
-    for t, t_next in zip(steps[:-1], steps[1:]):
-        sigma = t / 1000.0
-        v = model(x, torch.full((b,), float(t), device=x.device), text, frame_positions=positions)
-        x0 = x - sigma * v.to(x.dtype)
-        if t_next == 0:
+    last = len(steps) - 2 if exit_index is None else exit_index
+    for i, (t, t_next) in enumerate(zip(steps[:-1], steps[1:])):
+        with torch.set_grad_enabled(grad and i == last):
+            t_in = torch.full((b,), float(t), device=x.device)
+            v = model(x.to(dtype or x.dtype), t_in, text, frame_positions=positions)
+            x0 = x - (t / 1000.0) * v.to(x.dtype)
+        if i == last:
             return x0
         noise = torch.randn(x.shape, generator=generator, device=generator.device if generator else x.device)
         x = (1 - t_next / 1000.0) * x0 + (t_next / 1000.0) * noise.to(x.device, x.dtype)
-    return x
+    raise ValueError(f"exit_index {exit_index} is not a step of {list(steps)}")
 
 
-@torch.no_grad()
-def rollout(model: WanDiT, noise: torch.Tensor, text: torch.Tensor, cfg: RolloutConfig,
-            generator: torch.Generator | None = None, start_position: int = 0) -> torch.Tensor:
-    """noise (B, C, F, h, w), F a whole number of chunks -> the generated latents, chunk after chunk."""
+def rollout(model: WanDiT, noise: torch.Tensor, text: torch.Tensor | Sequence[torch.Tensor], cfg: RolloutConfig,
+            generator: torch.Generator | None = None, positions: torch.Tensor | None = None,
+            exit_index: int | None = None, grad_from_chunk: int | None = None, dtype: torch.dtype | None = None
+            ) -> torch.Tensor:
+    """noise (B, C, F, h, w), F a whole number of chunks -> the generated latents, chunk after chunk.
+    ``text``: (B, T, D) for every chunk, or one such tensor per chunk (a multi-shot video's chunks
+    read their own shot's caption); ``positions`` (F,) RoPE frame positions (default 0..F-1, shot
+    offsets are the caller's). Self-forcing: every chunk exits at step ``exit_index``, and the chunks
+    from ``grad_from_chunk`` on carry the gradient of that step (None: no gradient anywhere)."""
     b, _, frames, h, w = noise.shape
     if frames % cfg.chunk_frames:
         raise ValueError(f"{frames} latent frames are not a whole number of {cfg.chunk_frames}-frame chunks")
+    n = frames // cfg.chunk_frames
+    texts = [text] * n if isinstance(text, torch.Tensor) else list(text)
+    if len(texts) != n:
+        raise ValueError(f"{len(texts)} texts for {n} chunks")
+    if positions is None:
+        positions = torch.arange(frames, device=noise.device)
     _, ph, pw = model.cfg.patch_size
     cache = KVCache(len(model.blocks), (h // ph) * (w // pw), cfg.window)
     saved, model.attention_fn = model.attention_fn, cache
     chunks = []
     try:
-        n = frames // cfg.chunk_frames
         for c in range(n):
-            lo = c * cfg.chunk_frames
-            positions = torch.arange(start_position + lo, start_position + lo + cfg.chunk_frames, device=noise.device)
-            x0 = denoise_chunk(model, noise[:, :, lo:lo + cfg.chunk_frames], text, positions, cfg.steps, generator)
+            part = slice(c * cfg.chunk_frames, (c + 1) * cfg.chunk_frames)
+            grad = grad_from_chunk is not None and c >= grad_from_chunk
+            x0 = denoise_chunk(model, noise[:, :, part], texts[c], positions[part], cfg.steps, generator,
+                               exit_index, grad, dtype)
             chunks.append(x0)
             if c + 1 < n:
-                cache.writing = True
-                model(x0, torch.zeros(b, device=noise.device), text, frame_positions=positions)
-                cache.writing = False
+                with torch.no_grad():
+                    cache.writing = True
+                    model(x0.detach().to(dtype or x0.dtype), torch.zeros(b, device=noise.device), texts[c],
+                          frame_positions=positions[part])
+                    cache.writing = False
     finally:
+        cache.writing = False
         model.attention_fn = saved
     return torch.cat(chunks, dim=2)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,30 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | Path) -> Iterator[Path]:
+    """Yields an empty staging folder beside ``target``, which takes ``target``'s place when the block
+    succeeds: a reader sees the old folder or the new one, never a mix. A swap that died between its
+    two renames left the old folder aside; it is put back first."""
+    target = Path(target)
+    staging = target.with_name(f"{TMP_PREFIX}{target.name}.saving")
+    replaced = target.with_name(f"{TMP_PREFIX}{target.name}.replaced")
+    if not target.exists() and replaced.is_dir():
+        os.replace(replaced, target)
+    for leftover in (staging, replaced):
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if target.exists():
+        os.replace(target, replaced)
+    os.replace(staging, target)
+    shutil.rmtree(replaced, ignore_errors=True)
 
 
 def write_parquet(df: pd.DataFrame, target: str | Path) -> None:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from longlive_core.io.atomic import TMP_PREFIX, atomic_path, write_json
+from longlive_core.io.atomic import atomic_dir, write_json
 from longlive_core.models.config import DiTConfig
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.models.weights import CheckpointError
@@ -145,18 +144,11 @@ def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 10
     directory = Path(directory)
     if directory.is_symlink():
         raise CheckpointError(f"{directory} is a symbolic link; save the DiT into a real folder")
-    staging = directory.with_name(f"{TMP_PREFIX}{directory.name}.saving")
-    replaced = directory.with_name(f"{TMP_PREFIX}{directory.name}.replaced")
-    if not directory.exists() and replaced.is_dir():  # a save died between its two renames
-        os.replace(replaced, directory)
     if directory.exists():
         foreign = sorted(p.name for p in directory.iterdir() if not p.match(SHARD_PATTERN) and p.name != CONFIG)
         if foreign:
             raise CheckpointError(f"{directory} holds other files ({', '.join(foreign[:5])}); save the DiT into "
                                   "an empty folder or one that holds only an earlier save_dit checkpoint")
-    for leftover in (staging, replaced):  # from a save that crashed
-        shutil.rmtree(leftover, ignore_errors=True)
-    staging.mkdir(parents=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -167,18 +159,23 @@ def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 10
             size = 0
         shards[-1][key] = tensor
         size += nbytes
-    weight_map = {}
-    for i, shard in enumerate(shards, start=1):
-        name = f"diffusion_pytorch_model-{i:05d}-of-{len(shards):05d}.safetensors"
-        with atomic_path(staging / name) as tmp:
-            save_file(shard, os.fspath(tmp))
-        weight_map.update({k: name for k in shard})
-    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
-             "weight_map": weight_map}
-    write_json(index, staging / "diffusion_pytorch_model.safetensors.index.json")
-    if config is not None:
-        write_json(config, staging / CONFIG)
-    if directory.exists():
-        os.replace(directory, replaced)
-    os.replace(staging, directory)
-    shutil.rmtree(replaced, ignore_errors=True)
+    with atomic_dir(directory) as staging:
+        weight_map = {}
+        for i, shard in enumerate(shards, start=1):
+            name = f"diffusion_pytorch_model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.fspath(staging / name))
+            weight_map.update({k: name for k in shard})
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+                 "weight_map": weight_map}
+        write_json(index, staging / "diffusion_pytorch_model.safetensors.index.json")
+        if config is not None:
+            write_json(config, staging / CONFIG)
+
+
+def read_model_config(directory: str | Path, made_by: str) -> dict:
+    """A model folder's config.json (MISSION.md "Model folders"); ``made_by`` names the stage that
+    writes the folder, for the message when it is missing."""
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: run {made_by} first (dvc repro {made_by})")
+    return json.loads(path.read_text())

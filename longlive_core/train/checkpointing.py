@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from longlive_core.io.atomic import TMP_PREFIX, write_bytes, write_json
 
@@ -38,8 +39,16 @@ SET_ASIDE = "set_aside"
 
 
 class CheckpointStore:
-    def __init__(self, root: str | Path, digest: str, keep: int):
-        self.root, self.digest, self.keep = Path(root), digest, keep
+    def __init__(self, root: str | Path, digest: str, keep: int, model_keys: Callable[[str], bool] | None = None):
+        """``model_keys``: which of the model's state-dict keys a checkpoint holds (default all; a
+        distillation keeps its adapters, not the frozen backbone it rebuilds from its input)."""
+        self.root, self.digest, self.keep, self.model_keys = Path(root), digest, keep, model_keys
+
+    def _model_state(self, model, optimizer) -> tuple[dict, dict]:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        if self.model_keys is not None:
+            model_sd = {k: v for k, v in model_sd.items() if self.model_keys(k)}
+        return model_sd, optim_sd
 
     @property
     def history(self) -> Path:
@@ -102,7 +111,7 @@ class CheckpointStore:
         """Collective: every rank calls it. ``rank_state``: tensors of this rank alone (the
         error-recycling buffers), written as its own safetensors file."""
         tmp = self.root / f"{TMP_PREFIX}step-{step:08d}"
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = self._model_state(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd, **extra_state}, checkpoint_id=str(tmp))
         if rank_state is not None:
             tmp.mkdir(parents=True, exist_ok=True)
@@ -119,10 +128,11 @@ class CheckpointStore:
 
     def load(self, step: int, model, optimizer, extra_state: dict) -> None:
         """Collective: restores the model, the optimizer and ``extra_state``'s tensors in place."""
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = self._model_state(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd, **extra_state}
         dcp.load(state, checkpoint_id=str(self.path(step)))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(strict=self.model_keys is None))
 
     def load_rank_state(self, step: int) -> dict[str, torch.Tensor]:
         """This rank's own tensors of the checkpoint (``save``'s ``rank_state``); empty if it had none."""

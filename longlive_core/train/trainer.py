@@ -39,6 +39,7 @@ from longlive_core.train.ema import EMA
 from longlive_core.train.error_recycling import ErrorRecycler, InjectionDraws
 from longlive_core.train.flops import peak_tflops, step_flops
 from longlive_core.train.flow import FlowMatching
+from longlive_core.train.forward import teacher_forcing_velocity
 from longlive_core.train.layout import TeacherForcingLayout
 from longlive_core.train.parallelize import (
     apply_activation_checkpointing,
@@ -141,13 +142,7 @@ def sample_loss(model: WanDiT, batch: Batch, flow: FlowMatching, chunk: int, dev
     frame_sigma = sigma.repeat_interleave(chunk, dim=1)[:, None, :, None, None]
     x_t = flow.noised(noised_from, noise, frame_sigma)
     target = flow.target(x0, noise)
-    text = s.text.reshape(1, -1, s.text.shape[-1]).to(device, dtype)
-    # one caption: every frame reads it, no mask needed (and none to build)
-    cross = layout.cross_mask(s.shot_of_frame[None].to(device)) if s.text.shape[0] > 1 else None
-    out = model(layout.sequence(context, x_t).to(dtype), layout.timesteps(flow.timestep(sigma)), text,
-                frame_positions=layout.frame_positions(s.positions.to(device)), mask_mod=layout.self_mask(),
-                cross_mask_mod=cross)
-    pred = layout.noisy_part(out).float()
+    pred = teacher_forcing_velocity(model, layout, context, x_t, sigma, s.text, s.shot_of_frame, s.positions, dtype)
     if recycler is not None and batch.injection is not None:
         with torch.no_grad():  # x0 predicted minus the true x0; the noise predicted minus the noise used
             recycler.record(batch.key, chunks, layout.chunks, t_index, chunk, x_t - frame_sigma * pred - x0,
@@ -155,7 +150,7 @@ def sample_loss(model: WanDiT, batch: Batch, flow: FlowMatching, chunk: int, dev
     return F.mse_loss(pred, target), layout
 
 
-def _sum_over_ranks(values: list, device: torch.device) -> list[float]:
+def sum_over_ranks(values: list, device: torch.device) -> list[float]:
     """Numbers or device scalars (read here, in the one host sync this costs), summed over all ranks."""
     t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
     dist.all_reduce(t)
@@ -181,7 +176,7 @@ def validate(model: WanDiT, data: LatentSamples, cfg: TrainARConfig, flow: FlowM
                                   cfg.chunk_frames, device, dtype, shard)
             total += float(loss) / shard.size if k < len(ids) else 0.0
     model.train()
-    total, = _sum_over_ranks([total], device)
+    total, = sum_over_ranks([total], device)
     return total / len(ids)
 
 
@@ -290,7 +285,7 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip if o.grad_clip else math.inf)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         counts = self._recycling_counts()
-        loss_sum, flops, tokens, *counts = _sum_over_ranks([loss_sum, flops, tokens, *counts], self.device)
+        loss_sum, flops, tokens, *counts = sum_over_ranks([loss_sum, flops, tokens, *counts], self.device)
         loss = loss_sum / self.cfg.global_batch
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         if finite:

@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 from safetensors.torch import save_file
 
-from longlive_core.latents.encode import INDEX_COLUMNS
+from longlive_core.latents.encode import EMPTY_PROMPT, INDEX_COLUMNS
 
 TEXT_TOKENS, TEXT_DIM, CHANNELS, HEIGHT, WIDTH = 6, 32, 48, 4, 4
 
@@ -35,6 +35,7 @@ def make_cache(root: Path, samples: dict[str, tuple[str, list[int]]], weights: d
         sample_rows.append({"sample_id": sample_id, "split": split,
                             "sample_weight": 1.0 if weights is None else weights[sample_id]})
     save_file(tensors, str(root / "shards" / "shard-00000.safetensors"))
+    save_file({"text": torch.randn(TEXT_TOKENS, TEXT_DIM, generator=g)}, str(root / EMPTY_PROMPT))
     pd.DataFrame(rows, columns=INDEX_COLUMNS).to_parquet(root / "index.parquet", index=False)
     pd.DataFrame(sample_rows).to_parquet(root / "samples.parquet", index=False)
     return root

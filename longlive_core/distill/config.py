@@ -1,0 +1,90 @@
+"""The typed configuration of DMD distillation (``params.yaml``'s ``distill_dmd`` section)."""
+from __future__ import annotations
+
+import dataclasses
+
+from longlive_core.config import ConfigError
+from longlive_core.infer.rollout import RolloutConfig
+from longlive_core.quant.recipe import RECIPES
+from longlive_core.train.config import OptimizerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRASettings:
+    rank: int = 128
+    alpha: float = 128.0
+    dropout: float = 0.0
+
+    def validate(self, where: str) -> None:
+        if self.rank < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
+            raise ConfigError(f"{where}: rank must be >= 1, alpha > 0 and dropout in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillDMDConfig:
+    seed: int = 0  # prompts, noise, exit steps and score timesteps are keyed by (seed, step, slot)
+    steps: int = 5000  # critic steps; the generator steps on every generator_every-th
+    generator_every: int = 5
+    latent_frames: int = 32  # generated per sample (whole chunks of models/ar's chunk_frames)
+    grad_frames: int = 32  # the last frames whose exit step carries the generator's gradient
+    denoising_steps: tuple[int, ...] = (1000, 946, 854, 681, 0)
+    window: int | None = 32  # KV-cache local window in latent frames; null: every frame before
+    real_guidance: float = 3.0  # real = cond + g (cond - uncond) against the empty prompt
+    fake_guidance: float = 0.0
+    timestep_shift: float = 5.0
+    min_timestep: float = 20.0
+    max_timestep: float = 980.0
+    lora: LoRASettings = LoRASettings()
+    generator_optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5)
+    critic_optimizer: OptimizerConfig = OptimizerConfig(lr=2e-6)
+    recipe: str = "nvfp4"  # the frozen backbone's: nvfp4 | nvfp4-4over6 (held packed) | bf16
+    param_dtype: str = "bfloat16"  # the compute copy FSDP gathers (adapters); masters float32
+    stats_every: int = 100  # latent statistics of generated samples against the teacher's; 0: never
+    stats_samples: int = 2  # val-split prompts, fixed
+    teacher_steps: int = 16  # the teacher's sampling steps for those statistics (its shifted schedule)
+    nnodes: int = 1
+    nproc: int = 1
+    sharding: str = "full"  # full | hybrid (across nodes)
+    device: str = "auto"
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    log_every: int = 1
+
+    RESUMABLE_ACROSS = ("steps", "stats_every", "stats_samples", "teacher_steps", "checkpoint_every",
+                        "keep_checkpoints", "log_every", "device")
+
+    def validate(self, where: str) -> None:
+        for key in ("steps", "generator_every", "latent_frames", "grad_frames", "nnodes", "nproc",
+                    "checkpoint_every", "keep_checkpoints", "log_every", "teacher_steps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{where}.{key} must be at least 1; got {getattr(self, key)}")
+        try:
+            RolloutConfig(steps=tuple(self.denoising_steps), window=self.window)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.denoising_steps: {exc}") from exc
+        if self.window is not None and self.window < 1:
+            raise ConfigError(f"{where}.window must be at least one latent frame, or null; got {self.window}")
+        if not 0 <= self.min_timestep < self.max_timestep <= 1000 or self.timestep_shift <= 0:
+            raise ConfigError(f"{where}: need 0 <= min_timestep < max_timestep <= 1000 and timestep_shift > 0")
+        if self.recipe not in RECIPES:
+            raise ConfigError(f"{where}.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
+        if self.param_dtype not in ("bfloat16", "float32"):
+            raise ConfigError(f"{where}.param_dtype must be bfloat16 or float32; got {self.param_dtype!r}")
+        if self.sharding not in ("full", "hybrid") or (self.sharding == "hybrid" and self.nnodes < 2):
+            raise ConfigError(f"{where}.sharding must be full, or hybrid with nnodes >= 2")
+        if self.stats_every < 0 or self.stats_samples < 0:
+            raise ConfigError(f"{where}: stats_every and stats_samples must be >= 0")
+        self.lora.validate(f"{where}.lora")
+        self.generator_optimizer.validate(f"{where}.generator_optimizer")
+        self.critic_optimizer.validate(f"{where}.critic_optimizer")
+
+    def rollout(self, chunk_frames: int) -> RolloutConfig:
+        return RolloutConfig(chunk_frames, tuple(self.denoising_steps), self.window)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc
+
+    def resume_params(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {k: v for k, v in d.items() if k not in self.RESUMABLE_ACROSS}

@@ -1,0 +1,320 @@
+"""DMD distillation with self-forcing rollouts: the AR model (``models/ar/``) made a few-step generator.
+
+Every rank runs ``distill``. Step s (a critic step) draws a prompt for each rank's slot from the
+train split of the latent cache (its captions, frame positions and shot layout over a window of
+``latent_frames``), an exit step (drawn on rank 0, broadcast) and noise. When s is a generator step
+(every ``generator_every``-th) the generator rolls the video out chunk by chunk with its KV cache,
+the last chunks' exit step carrying the gradient, and steps on the DMD loss; then the critic (the
+fake score) steps on the flow loss of a fresh, detached rollout. The scores read the generated video
+in the teacher-forcing layout of training (the video as the clean context, its noised copy as the
+noisy chunks), one timestep for the whole sample. A step whose loss or gradient norm is not finite
+leaves that optimizer's weights alone and is counted. Checkpoints hold the adapters and both
+optimizers; a killed run resumes from its last one, never from the AR model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+from longlive_core.config import ConfigError
+from longlive_core.devices import pick_device
+from longlive_core.distill.config import DistillDMDConfig
+from longlive_core.distill.dmd import (
+    critic_loss,
+    dmd_gradient,
+    dmd_timesteps,
+    generator_loss,
+    guided,
+    is_generator_step,
+)
+from longlive_core.distill.roles import FullRoles, LoRARoles
+from longlive_core.infer.rollout import RolloutConfig, rollout
+from longlive_core.latents.encode import EMPTY_PROMPT
+from longlive_core.models.checkpoint import load_dit, read_model_config
+from longlive_core.models.config import dit_config
+from longlive_core.models.wan_dit import WanDiT
+from longlive_core.progress import Progress
+from longlive_core.train.checkpointing import CheckpointStore, agree
+from longlive_core.train.data import LatentSamples, TrainSample, generator_for
+from longlive_core.train.flow import FlowMatching
+from longlive_core.train.forward import teacher_forcing_velocity
+from longlive_core.train.layout import TeacherForcingLayout
+from longlive_core.train.parallelize import apply_fsdp, device_mesh
+from longlive_core.train.trainer import MetricsSink, peak_memory_mb, sum_over_ranks
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillInputs:
+    ar_model: Path  # models/ar: the weights and config.json
+    latents: Path  # data/latents: the prompts' caption embeddings and the empty prompt's
+    checkpoints: Path
+    digest: str  # what a checkpoint must match to be resumed
+
+
+@dataclasses.dataclass
+class Prompt:
+    sample: TrainSample  # captions, shot of each frame, RoPE positions of the window (its latents: the data's)
+    noise: torch.Tensor  # (1, C, F, h, w)
+
+
+def teacher_schedule(steps: int, shift: float) -> tuple[int, ...]:
+    """``steps`` timesteps of the AR model's shifted schedule, descending from 1000, then 0."""
+    flow = FlowMatching(1000, shift)
+    ts = flow.timestep(flow.sigmas(torch.arange(steps) * (1000 // steps))).round().int().tolist()
+    return (*sorted(set(ts), reverse=True), 0)
+
+
+class DMDTrainer:
+    """The three roles, both optimizers, the prompts and the checkpoints of one rank."""
+
+    def __init__(self, cfg: DistillDMDConfig, inputs: DistillInputs, full_weights: bool = False):
+        self.cfg, self.inputs = cfg, inputs
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.world != cfg.world_size:
+            raise ConfigError(f"distill_dmd.nnodes x nproc is {cfg.world_size} but {self.world} ranks were started")
+        self.device = pick_device(cfg.device, "distill_dmd.device")
+        self.dtype = getattr(torch, cfg.param_dtype)
+        ar = read_model_config(inputs.ar_model, "train_ar")
+        self.chunk = int(ar["latent"]["chunk_frames"])
+        for key in ("latent_frames", "grad_frames"):
+            if getattr(cfg, key) % self.chunk:
+                raise ConfigError(f"distill_dmd.{key} ({getattr(cfg, key)}) must be a whole number of the AR "
+                                  f"model's {self.chunk}-frame chunks")
+        self.rollout_cfg: RolloutConfig = cfg.rollout(self.chunk)
+        shot_offset = int(ar["multi_shot"]["shot_rope_offset"])
+        self.prompts = LatentSamples(inputs.latents, "train", self.chunk, shot_offset)
+        if not len(self.prompts):
+            raise ConfigError(f"no train-split sample in {inputs.latents} has a whole {self.chunk}-frame chunk: "
+                              "encode more data")
+        val = LatentSamples(inputs.latents, "val", self.chunk, shot_offset)
+        self.stats_prompts = val if len(val) else self.prompts
+        empty = inputs.latents / EMPTY_PROMPT
+        if not empty.is_file():
+            raise ConfigError(f"{empty} is missing: rerun encode_latents (it stores the empty prompt for guidance)")
+        self.empty_text = load_file(str(empty))["text"].float()[None]  # (1, T, D): one caption
+        base = load_dit(inputs.ar_model, dit_config(ar["dit"]["name"]), dtype=torch.float32)
+        precision = ar["precision"]
+        with torch.random.fork_rng(devices=[]):  # the adapters' initial A matrices: the same on every rank and run
+            torch.manual_seed(generator_for(cfg.seed, "lora-init").initial_seed())
+            self.roles = (FullRoles(base) if full_weights else
+                          LoRARoles(base, cfg.lora, cfg.recipe, tuple(precision["skip"]),
+                                    precision["keep_last_blocks"]))
+        mesh = device_mesh(cfg, self.device.type)
+        for module in self.roles.modules:
+            module.to(self.device)
+            apply_fsdp(module, mesh, self.dtype)
+
+        def adamw(params, o):
+            return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, eps=o.eps,
+                                     fused=self.device.type == "cuda")
+
+        self.critic_opt = adamw(self.roles.critic_params(), cfg.critic_optimizer)
+        self.generator_opt = adamw(self.roles.generator_params(), cfg.generator_optimizer)
+        self.optimizers = (self.critic_opt, self.generator_opt)
+        self.store = CheckpointStore(inputs.checkpoints, inputs.digest, cfg.keep_checkpoints,
+                                     self.roles.is_checkpointed)
+
+    # ------------------------------------------------------------------ draws
+    def _prompt(self, data: LatentSamples, key: tuple, sample_id: str | None = None) -> Prompt:
+        g = generator_for(self.cfg.seed, *key)
+        sample = data.load(sample_id or data.draw(g), self.cfg.latent_frames, g if sample_id is None else None)
+        c, f, h, w = sample.latents.shape
+        return Prompt(sample, torch.randn((1, c, f, h, w), generator=g))
+
+    def _exit_index(self, step: int) -> int:
+        """The denoising step every chunk of the step's rollouts stops at: drawn on rank 0, broadcast."""
+        value = None
+        if self.rank == 0:
+            g = generator_for(self.cfg.seed, "exit", step)
+            value = int(torch.randint(0, len(self.rollout_cfg.steps) - 1, (1,), generator=g))
+        return agree(value)
+
+    # ------------------------------------------------------------------ model calls
+    def generate(self, model: WanDiT, prompt: Prompt, key: tuple, exit_index: int | None = None,
+                 grad: bool = False, cfg: RolloutConfig | None = None) -> torch.Tensor:
+        """The rollout for ``prompt``, each chunk reading its own shot's caption; with ``grad``, the
+        exit step of the last ``grad_frames`` frames carries the gradient."""
+        s, cfg = prompt.sample, cfg or self.rollout_cfg
+        frames = s.latents.shape[1]
+        n = frames // self.chunk
+        texts = [s.text[int(s.shot_of_frame[c * self.chunk])][None].to(self.device, self.dtype) for c in range(n)]
+        grad_from = max(0, n - self.cfg.grad_frames // self.chunk) if grad else None
+        return rollout(model, prompt.noise.to(self.device), texts, cfg, generator_for(self.cfg.seed, "rollout", *key),
+                       s.positions.to(self.device), exit_index, grad_from, self.dtype)
+
+    def _noised(self, x: torch.Tensor, key: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(x_t, the noise, sigma (1, 1)): x noised at one timestep drawn on the shifted, clamped schedule."""
+        g = generator_for(self.cfg.seed, "score", *key)
+        c = self.cfg
+        t = dmd_timesteps(torch.rand(1, generator=g), c.timestep_shift, c.min_timestep, c.max_timestep)
+        sigma = (t / 1000.0).to(self.device)[:, None]
+        noise = torch.randn(x.shape, generator=g).to(self.device)
+        return (1 - sigma[..., None, None, None]) * x + sigma[..., None, None, None] * noise, noise, sigma
+
+    def _x0(self, model: WanDiT, layout: TeacherForcingLayout, x: torch.Tensor, x_t: torch.Tensor,
+            sigma: torch.Tensor, s: TrainSample, text: torch.Tensor | None = None) -> torch.Tensor:
+        """A score's x0 for every frame of x_t, the generated x as the clean context; ``text`` (1, T, D)
+        replaces the captions (the empty prompt)."""
+        chunk_sigma = sigma.expand(1, layout.chunks)
+        v = teacher_forcing_velocity(model, layout, x, x_t, chunk_sigma, s.text if text is None else text,
+                                     s.shot_of_frame, s.positions, self.dtype)
+        return x_t - sigma[..., None, None, None] * v
+
+    def _layout(self, model: WanDiT, s: TrainSample) -> TeacherForcingLayout:
+        _, f, h, w = s.latents.shape
+        _, ph, pw = model.cfg.patch_size
+        return TeacherForcingLayout(f, self.chunk, (h // ph) * (w // pw), s.text.shape[1])
+
+    # ------------------------------------------------------------------ steps
+    def critic_loss(self, prompt: Prompt, key: tuple, exit_index: int) -> torch.Tensor:
+        with self.roles.generator() as generator, torch.no_grad():
+            x = self.generate(generator, prompt, ("critic", *key), exit_index)
+        x_t, noise, sigma = self._noised(x, ("critic", *key))
+        with self.roles.fake() as fake:
+            s = prompt.sample
+            v = teacher_forcing_velocity(fake, self._layout(fake, s), x, x_t, sigma.expand(1, x.shape[2] // self.chunk),
+                                         s.text, s.shot_of_frame, s.positions, self.dtype)
+        return critic_loss(v, x, noise)
+
+    def generator_loss(self, prompt: Prompt, key: tuple, exit_index: int) -> tuple[torch.Tensor, float]:
+        """The DMD loss of a rollout with gradient, and the mean |DMD gradient| (after normalisation)."""
+        cfg, s = self.cfg, prompt.sample
+        with self.roles.generator() as generator:
+            x = self.generate(generator, prompt, ("generator", *key), exit_index, grad=True)
+        x_t, _, sigma = self._noised(x.detach(), ("generator", *key))
+        with torch.no_grad():
+            with self.roles.fake() as fake:
+                layout = self._layout(fake, s)
+                fake_x0 = self._x0(fake, layout, x.detach(), x_t, sigma, s)
+                if cfg.fake_guidance:
+                    fake_x0 = guided(fake_x0, self._x0(fake, layout, x.detach(), x_t, sigma, s, self.empty_text),
+                                     cfg.fake_guidance)
+            with self.roles.real() as real:
+                cond = self._x0(real, layout, x.detach(), x_t, sigma, s)
+                uncond = self._x0(real, layout, x.detach(), x_t, sigma, s, self.empty_text)
+            grad = dmd_gradient(x.detach(), fake_x0, guided(cond, uncond, cfg.real_guidance), self.chunk)
+        return generator_loss(x, grad), grad.abs().mean()
+
+    def _optimizer_step(self, loss: torch.Tensor, params: list, optimizer: torch.optim.Optimizer,
+                        grad_clip: float) -> tuple[float, float, bool]:
+        """Backward, clip and step (skipped when the world's loss or the gradient norm is not finite);
+        returns (the world's mean loss, grad norm, stepped)."""
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else math.inf)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        mean, = sum_over_ranks([loss.detach()], self.device)
+        mean /= self.world
+        finite = math.isfinite(mean) and math.isfinite(norm)
+        if finite:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return mean, norm, finite
+
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        key = (step, self.rank)  # one prompt slot per rank
+        prompt = self._prompt(self.prompts, ("prompt", *key))
+        exit_index = self._exit_index(step)
+        metrics: dict[str, float] = {"exit_index": exit_index}
+        skipped = 0
+        if is_generator_step(step, cfg.generator_every):
+            loss, grad_abs = self.generator_loss(prompt, key, exit_index)
+            mean, norm, ok = self._optimizer_step(loss, self.roles.generator_params(), self.generator_opt,
+                                                  cfg.generator_optimizer.grad_clip)
+            metrics.update({"dmd_loss": mean, "generator_grad_norm": norm, "dmd_grad_mean_abs": float(grad_abs)})
+            skipped += not ok
+        loss = self.critic_loss(prompt, key, exit_index)
+        mean, norm, ok = self._optimizer_step(loss, self.roles.critic_params(), self.critic_opt,
+                                              cfg.critic_optimizer.grad_clip)
+        metrics.update({"critic_loss": mean, "critic_grad_norm": norm})
+        metrics["skipped"] = skipped + (not ok)
+        return metrics
+
+    @torch.no_grad()
+    def latent_stats(self) -> dict[str, float]:
+        """Mean and std of a few generated samples (the full few-step rollout) against the teacher's
+        (the AR model over its own shifted schedule) and the data's, on fixed val prompts."""
+        cfg, data = self.cfg, self.stats_prompts
+        teacher = dataclasses.replace(self.rollout_cfg, steps=teacher_schedule(cfg.teacher_steps, cfg.timestep_shift))
+        made: dict[str, list[torch.Tensor]] = {"generated": [], "teacher": [], "data": []}
+        for i in range(cfg.stats_samples):
+            prompt = self._prompt(data, ("stats", i), data.sample_ids[i % len(data)])
+            with self.roles.generator() as generator:
+                made["generated"].append(self.generate(generator, prompt, ("stats", i)).float().cpu())
+            with self.roles.real() as real:
+                made["teacher"].append(self.generate(real, prompt, ("stats-teacher", i), cfg=teacher).float().cpu())
+            made["data"].append(prompt.sample.latents)
+        out = {}
+        for name, xs in made.items():
+            x = torch.cat([t.flatten() for t in xs])
+            out[f"latent_{name}_mean"], out[f"latent_{name}_std"] = float(x.mean()), float(x.std())
+        out["latent_std_ratio"] = out["latent_generated_std"] / max(out["latent_teacher_std"], 1e-12)
+        return out
+
+    # ------------------------------------------------------------------ the run
+    def run(self, sink: MetricsSink | None = None, stop_after: int | None = None) -> dict:
+        """Distils from the newest matching checkpoint to ``cfg.steps``; returns the summary and (on
+        rank 0) the generator's adapter under ``"adapter_state"`` (LoRA roles)."""
+        cfg, rank, store = self.cfg, self.rank, self.store
+        start, why = agree(store.resume_step() if rank == 0 else None)
+        log.info("distill_dmd: %s", why)
+        skipped = 0
+        if start:
+            store.load(start, self.roles.checkpointed, self.optimizers, {})
+            skipped = int(store.meta(start).get("skipped_steps", 0))
+        last = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
+        progress = Progress(log, "distill_dmd", max(0, last - start), "steps") if rank == 0 else None
+        history = store.history.open("a") if rank == 0 else None
+        critic_losses: list[float] = []
+        metrics: dict[str, float] = {}
+        try:
+            for step in range(start, last):
+                t0 = time.perf_counter()
+                torch.manual_seed(generator_for(cfg.seed, "rng", step, rank).initial_seed())  # stochastic rounding
+                metrics = self.train_step(step)
+                skipped += int(metrics.pop("skipped"))
+                done = step + 1
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                metrics.update({"step_s": time.perf_counter() - t0, "peak_memory_mb": peak_memory_mb(self.device),
+                                "skipped_steps": skipped})
+                if cfg.stats_every and (done % cfg.stats_every == 0 or done == cfg.steps) and cfg.stats_samples:
+                    metrics.update(self.latent_stats())
+                critic_losses.append(metrics["critic_loss"])
+                if rank == 0:
+                    history.write(json.dumps({"step": done, **metrics}) + "\n")
+                    history.flush()
+                    if sink is not None and (done % cfg.log_every == 0 or done == last):
+                        sink(metrics, done)
+                    progress.advance()
+                if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+                    store.save(done, self.roles.checkpointed, self.optimizers, {}, {"skipped_steps": skipped})
+        finally:
+            if history is not None:
+                history.close()
+        summary: dict = {"start_step": start, "resume": why, "steps": last, "steps_run": max(0, last - start),
+                         "skipped_steps": skipped, "conversion": self.roles.conversion.summary(),
+                         "prompts_train": len(self.prompts), "peak_memory_mb": peak_memory_mb(self.device),
+                         **{k: v for k, v in metrics.items() if k.startswith("latent_")}}
+        if critic_losses:
+            head = critic_losses[: max(1, len(critic_losses) // 5)]
+            tail = critic_losses[-max(1, len(critic_losses) // 5):]
+            summary.update({"critic_loss_first": sum(head) / len(head), "critic_loss_last": sum(tail) / len(tail)})
+        if isinstance(self.roles, LoRARoles):
+            summary["adapter_state"] = self.roles.generator_adapter()
+        return summary
+
+
+def distill(cfg: DistillDMDConfig, inputs: DistillInputs, sink: MetricsSink | None = None,
+            stop_after: int | None = None) -> dict:
+    return DMDTrainer(cfg, inputs).run(sink, stop_after)

@@ -1,0 +1,106 @@
+"""DVC stage `distill_dmd`: DMD distillation of models/ar/ into a few-step generator, written to
+models/dmd/ as a peft LoRA adapter (adapter_model.safetensors, adapter_config.json) with config.json.
+The stage starts its ranks through torchrun (distill_dmd.nnodes x nproc), as train_ar does; rank 0
+logs to MLflow and writes reports/distill_dmd/. Checkpoints in checkpoints/distill_dmd/ (kept by DVC
+between runs) let a killed run continue from its last one."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from typing import Any
+
+from longlive_core.config import ConfigError, stage_config
+from longlive_core.devices import pick_device
+from longlive_core.distill.config import DistillDMDConfig
+from longlive_core.distill.lora import LORA_TARGETS
+from longlive_core.io.atomic import atomic_dir, write_json
+from longlive_core.models.checkpoint import read_model_config
+from longlive_core.models.weights import weights_identity
+from longlive_core.tracking.lineage import digest_file, digest_json, git_state
+from longlive_core.train.launch import under_torchrun
+from tasks.paths import AR_MODEL, DISTILL_DMD_HISTORY, DMD_CHECKPOINTS, DMD_MODEL, LATENT_INDEX, LATENTS
+from tasks.stage import run_ranks
+
+STAGE = "distill_dmd"
+
+
+def prepare(params: dict[str, Any]) -> DistillDMDConfig:
+    cfg = stage_config(DistillDMDConfig, STAGE, params)
+    if not under_torchrun():  # each rank checks its own GPU once started
+        pick_device(cfg.device, f"{STAGE}.device")
+    read_model_config(AR_MODEL, "train_ar")
+    if not LATENT_INDEX.is_file():
+        raise ConfigError(f"{LATENT_INDEX} is missing: run encode_latents first (dvc repro encode_latents)")
+    return cfg
+
+
+def run_digest(cfg: DistillDMDConfig) -> str:
+    """What a checkpoint must match to be resumed: the params that shape distillation, the AR model,
+    the prompts (the latent index) and the world layout."""
+    return digest_json([cfg.resume_params(), weights_identity(AR_MODEL), digest_file(LATENT_INDEX),
+                        {"nnodes": cfg.nnodes, "nproc": cfg.nproc}])
+
+
+def model_config(cfg: DistillDMDConfig, digest: str) -> dict:
+    """config.json of models/dmd/: what the adapter is, what it was distilled from and for."""
+    ar = read_model_config(AR_MODEL, "train_ar")
+    return {
+        "format": "peft-lora",
+        "stage": STAGE,
+        "base_model": str(AR_MODEL),
+        "adapter": {**dataclasses.asdict(cfg.lora), "targets": list(LORA_TARGETS), "name": "default"},
+        "sampling": {"kind": "few-step", "steps": list(cfg.denoising_steps), "window": cfg.window,
+                     "chunk_frames": ar["latent"]["chunk_frames"]},
+        "distillation": {"recipe": cfg.recipe, "real_guidance": cfg.real_guidance,
+                         "fake_guidance": cfg.fake_guidance, "steps": cfg.steps},
+        "lineage": {**git_state("."), "ar_model": weights_identity(AR_MODEL),
+                    "latent_index_sha256": digest_file(LATENT_INDEX), "run_digest": digest},
+    }
+
+
+def export(cfg: DistillDMDConfig, adapter: dict, lora_config, digest: str) -> None:
+    from safetensors.torch import save_file
+
+    with atomic_dir(DMD_MODEL) as staging:
+        save_file({k: v.contiguous() for k, v in adapter.items()}, os.fspath(staging / "adapter_model.safetensors"))
+        lora_config.save_pretrained(os.fspath(staging))  # adapter_config.json, as peft reads it
+        write_json(model_config(cfg, digest), staging / "config.json")
+
+
+def body(cfg: DistillDMDConfig, run) -> dict:
+    import torch.distributed as dist
+
+    from longlive_core.distill.trainer import DistillInputs, DMDTrainer  # torch.distributed: in the ranks only
+
+    rank0 = dist.get_rank() == 0
+    digest = run_digest(cfg) if rank0 else ""  # only rank 0 reads and writes checkpoint metadata
+    trainer = DMDTrainer(cfg, DistillInputs(AR_MODEL, LATENTS, DMD_CHECKPOINTS, digest))
+    run.set_tags({"input.ar_model": weights_identity(AR_MODEL) if rank0 else "", "distill_dmd.run_digest": digest})
+    summary = trainer.run(sink=lambda metrics, step: run.log_metrics(metrics, step=step))
+    adapter = summary.pop("adapter_state")
+    if not rank0:
+        return summary
+    export(cfg, adapter, trainer.roles.lora_config, digest)
+    DISTILL_DMD_HISTORY.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(DMD_CHECKPOINTS / "history.jsonl", DISTILL_DMD_HISTORY)
+    run.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
+    run.log_artifact(DISTILL_DMD_HISTORY)
+    run.log_artifact(DMD_MODEL / "adapter_config.json")
+    run.log_artifact(DMD_MODEL / "config.json")
+    return summary
+
+
+def one_line(s) -> str:
+    critic = ("" if "critic_loss_first" not in s else
+              f"; critic loss {s['critic_loss_first']:.4f} -> {s['critic_loss_last']:.4f}")
+    return (f"{s['steps_run']} steps run to step {s['steps']} ({s['resume']}){critic}; {s['skipped_steps']} skipped; "
+            f"peak memory {s['peak_memory_mb']:.0f} MiB; {s['conversion']}")
+
+
+def main() -> None:
+    run_ranks(STAGE, prepare, body, one_line, lambda cfg: cfg)
+
+
+if __name__ == "__main__":
+    main()

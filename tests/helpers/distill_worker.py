@@ -1,0 +1,66 @@
+"""Distillation runs under torchrun, several in one launch (a launch costs more than a tiny run):
+
+    torchrun --nproc_per_node=N -m tests.helpers.distill_worker SPEC.json OUT_DIR
+
+SPEC.json holds {"runs": [{"name", "distill_dmd": {...}, "ar_model", "latents", "checkpoints",
+"stop_after", "full_weights", "generated"}, ...]}, run in order. Rank 0 writes OUT_DIR/<name>/summary.json
+(with every metric logged) and the generator's adapter as peft saves one (OUT_DIR/<name>/adapter/);
+a "generated" run also writes the generator's rollout of the first stats prompt (generated.safetensors).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from longlive_core.config import from_mapping
+from longlive_core.distill.config import DistillDMDConfig
+from longlive_core.distill.trainer import DistillInputs, DMDTrainer
+
+
+def run_one(spec: dict, out: Path) -> None:
+    cfg = from_mapping(DistillDMDConfig, spec["distill_dmd"], "distill_dmd")
+    trainer = DMDTrainer(cfg, DistillInputs(Path(spec["ar_model"]), Path(spec["latents"]), Path(spec["checkpoints"]),
+                                            spec.get("digest", "d")), full_weights=spec.get("full_weights", False))
+    rank0 = dist.get_rank() == 0
+    logged: list[dict] = []
+    summary = trainer.run(sink=lambda metrics, step: logged.append({"step": step, **metrics}),
+                          stop_after=spec.get("stop_after"))
+    summary["logged"] = logged
+    adapter = summary.pop("adapter_state", {})
+    generated = None
+    if spec.get("generated"):
+        data = trainer.stats_prompts
+        prompt = trainer._prompt(data, ("stats", 0), data.sample_ids[0])
+        with trainer.roles.generator() as generator, torch.no_grad():
+            generated = trainer.generate(generator, prompt, ("stats", 0)).float().cpu()
+    if rank0:
+        out.mkdir(parents=True, exist_ok=True)
+        if adapter:
+            (out / "adapter").mkdir()
+            save_file({k: v.contiguous() for k, v in adapter.items()},
+                      str(out / "adapter" / "adapter_model.safetensors"))
+            trainer.roles.lora_config.save_pretrained(str(out / "adapter"))
+        if generated is not None:
+            save_file({"x": generated, "noise": prompt.noise, "text": prompt.sample.text,
+                       "shot_of_frame": prompt.sample.shot_of_frame, "positions": prompt.sample.positions},
+                      str(out / "generated.safetensors"))
+        (out / "summary.json").write_text(json.dumps(summary))
+
+
+def main() -> None:
+    spec_path, out = Path(sys.argv[1]), Path(sys.argv[2])
+    dist.init_process_group("gloo")
+    try:
+        for spec in json.loads(spec_path.read_text())["runs"]:
+            run_one(spec, out / spec["name"])
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

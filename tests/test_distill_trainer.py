@@ -1,0 +1,87 @@
+"""DMD distillation on tiny models under torchrun: a killed distillation resumes from its own last
+checkpoint exactly (its checkpoints hold the adapters and optimizers, not the frozen backbone); the
+generator's adapter as exported loads onto the AR model with peft and generates what the trained
+generator generates; the full-weight baseline of the memory comparison runs."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from peft import PeftModel
+from safetensors.torch import load_file
+
+from longlive_core.infer.rollout import RolloutConfig, rollout
+from longlive_core.models.checkpoint import load_dit
+from longlive_core.models.config import DIT_CONFIGS
+from longlive_core.train.data import generator_for
+
+from .conftest import launch_worker
+from .helpers.ar_model import make_ar_model
+from .helpers.latent_cache import SMALL, make_cache
+
+pytestmark = pytest.mark.slow
+
+BASE = {"steps": 4, "generator_every": 2, "latent_frames": 4, "grad_frames": 2, "lora": {"rank": 4, "alpha": 4.0},
+        "generator_optimizer": {"lr": 1e-2}, "critic_optimizer": {"lr": 1e-3}, "stats_every": 0,
+        "checkpoint_every": 2, "device": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("distill")
+    return make_ar_model(tmp / "ar"), make_cache(tmp / "latents", SMALL)
+
+
+def launch(tmp_path: Path, inputs, runs: list[dict]) -> dict[str, dict]:
+    ar, latents = inputs
+    specs = [{"checkpoints": str(tmp_path / f"ckpt-{r['name']}"), **r, "ar_model": str(ar), "latents": str(latents),
+              "distill_dmd": {**BASE, **r.get("distill_dmd", {})}} for r in runs]
+    out = launch_worker("distill_worker", tmp_path, specs, 1)
+    return {r["name"]: {"summary": json.loads((out / r["name"] / "summary.json").read_text()), "out": out / r["name"]}
+            for r in runs}
+
+
+def test_a_killed_distillation_resumes_from_its_checkpoint_exactly(tmp_path, inputs):
+    ckpt = str(tmp_path / "ckpt")
+    runs = launch(tmp_path, inputs, [{"name": "first", "checkpoints": ckpt, "stop_after": 3},
+                                     {"name": "second", "checkpoints": ckpt},
+                                     {"name": "straight"}])
+    first, second, straight = (runs[n]["summary"] for n in ("first", "second", "straight"))
+    assert first["steps_run"] == 3 and second["start_step"] == 2 and "resuming" in second["resume"]
+    logged = {m["step"]: m for m in first["logged"][:2] + second["logged"]}
+    for step, m in enumerate(straight["logged"], start=1):
+        for key in ("critic_loss", "critic_grad_norm", "dmd_loss", "generator_grad_norm", "exit_index"):
+            assert m.get(key) == logged[step].get(key), (step, key)
+    assert [("dmd_loss" in m) for m in straight["logged"]] == [False, True, False, True]  # every 2nd step
+    assert all(math.isfinite(m["critic_loss"]) for m in straight["logged"])
+    meta = dcp.FileSystemReader(str(Path(ckpt) / "step-00000004")).read_metadata()
+    model_keys = [k for k in meta.state_dict_metadata if k.startswith("model.")]
+    assert model_keys and all("lora_" in k for k in model_keys)  # the frozen backbone is rebuilt, not saved
+    assert any(".fake." in k for k in model_keys) and any(".default." in k for k in model_keys)
+
+
+def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_generator(tmp_path, inputs):
+    ar, _ = inputs
+    runs = launch(tmp_path, inputs, [
+        {"name": "f32", "generated": True, "distill_dmd": {"recipe": "bf16", "param_dtype": "float32"}},
+        {"name": "nvfp4", "distill_dmd": {"steps": 2}},
+        {"name": "full", "full_weights": True, "distill_dmd": {"steps": 2, "recipe": "bf16"}}])
+    out = runs["f32"]["out"]
+    made = load_file(out / "generated.safetensors")
+    model = PeftModel.from_pretrained(load_dit(ar, DIT_CONFIGS["tiny"], dtype=torch.float32), str(out / "adapter"))
+    dit = model.base_model.model.eval()
+    texts = [made["text"][int(made["shot_of_frame"][c * 2])][None] for c in range(made["x"].shape[2] // 2)]
+    cfg = RolloutConfig(2, (1000, 946, 854, 681, 0), 32)
+    with torch.no_grad():
+        again = rollout(dit, made["noise"], texts, cfg, generator_for(0, "rollout", "stats", 0), made["positions"])
+        torch.testing.assert_close(again, made["x"], rtol=1e-4, atol=1e-4)
+        with model.disable_adapter():
+            base = rollout(dit, made["noise"], texts, cfg, generator_for(0, "rollout", "stats", 0), made["positions"])
+    assert (base - made["x"]).abs().max() > 1e-3  # the adapter learned something
+    nvfp4, full = runs["nvfp4"]["summary"], runs["full"]["summary"]
+    assert "20 linear layers converted" in nvfp4["conversion"] and nvfp4["steps_run"] == 2
+    assert full["steps_run"] == 2 and all(math.isfinite(m["critic_loss"]) for m in full["logged"])
