@@ -29,7 +29,7 @@ def prepare(params: dict[str, Any]) -> DistillDMDConfig:
     cfg = stage_config(DistillDMDConfig, STAGE, params)
     if not under_torchrun():  # each rank checks its own GPU once started
         pick_device(cfg.device, f"{STAGE}.device")
-    read_model_config(AR_MODEL, "train_ar")
+    cfg.check_chunk(int(read_model_config(AR_MODEL, "train_ar")["latent"]["chunk_frames"]))
     if not LATENT_INDEX.is_file():
         raise ConfigError(f"{LATENT_INDEX} is missing: run encode_latents first (dvc repro encode_latents)")
     return cfg
@@ -92,8 +92,8 @@ def body(cfg: DistillDMDConfig, run) -> dict:
 
 
 def one_line(s) -> str:
-    critic = ("" if "critic_loss_first" not in s else
-              f"; critic loss {s['critic_loss_first']:.4f} -> {s['critic_loss_last']:.4f}")
+    critic = ("" if "critic_eval_loss_first" not in s else
+              f"; critic loss at fixed timesteps {s['critic_eval_loss_first']:.4f} -> {s['critic_eval_loss_last']:.4f}")
     return (f"{s['steps_run']} steps run to step {s['steps']} ({s['resume']}){critic}; {s['skipped_steps']} skipped; "
             f"peak memory {s['peak_memory_mb']:.0f} MiB; {s['conversion']}")
 

@@ -15,14 +15,18 @@ import pandas as pd
 import psutil
 import pytest
 import torch
+from compressed_tensors.quantization import QuantizationConfig
 from mlflow.tracking import MlflowClient
+from peft import PeftModel
 from safetensors import safe_open
 
 from longlive_core.config import load_params, stage_config
+from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.latents.encode import EncodeLatentsConfig
 from longlive_core.models.checkpoint import load_dit
-from longlive_core.models.config import DiTConfig
+from longlive_core.models.config import DIT_CONFIGS, DiTConfig
 from longlive_core.models.text import SCENE_TRANSITION, shot_prompts
+from longlive_core.quant.packed import PackedNVFP4Linear
 from longlive_core.tracking.lineage import digest_lines
 from longlive_core.train.online_latents import OnlineSource
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
@@ -59,7 +63,7 @@ def test_ingest_lists_every_file_with_lineage_in_mlflow(demo_repro):
     exp = client.get_experiment_by_name("longlive-pipeline")
     runs = {r.data.tags["dvc.stage"]: r for r in client.search_runs([exp.experiment_id])}
     assert set(runs) == {"demo_data", "weights", "ingest", "shots", "iqa_filter", "assemble", "encode_latents",
-                         "train_ar"}
+                         "train_ar", "distill_dmd", "merge_w4a4"}
     ingest_run = runs["ingest"]
     assert ingest_run.info.run_id == report(repo, "ingest")["mlflow_run_id"]
     assert ingest_run.data.tags["git.commit"] == head
@@ -318,6 +322,54 @@ def test_train_ar_learns_writes_its_model_folder_and_resumes_after_a_kill(demo_r
     assert [h["step"] for h in resumed] == list(range(1, 151))
     assert [h["loss"] for h in resumed[:120]] == [h["loss"] for h in steps]
     assert all(resumed[s - 1]["loss"] == loss for s, loss in before_kill.items()), "resumed losses differ"
+
+
+def test_distill_dmd_writes_a_peft_adapter_and_its_critic_fits_the_generator(demo_repro):
+    repo = demo_repro
+    steps = [json.loads(line) for line in (repo / "reports/distill_dmd/history.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in steps] == list(range(1, 81))
+    assert [h["step"] for h in steps if "dmd_loss" in h] == list(range(5, 81, 5))  # once every 5 critic steps
+    assert all(h["generator_grad_norm"] > 0 for h in steps if "dmd_loss" in h)
+    evals = [h for h in steps if "critic_eval_loss" in h]
+    assert [h["step"] for h in evals] == [1, 40, 80]
+    # the critic's loss on the generator's samples, at fixed timesteps and noise, falls: it learns the
+    # generator's distribution, which the frozen teacher does not know
+    assert evals[-1]["critic_eval_loss"] < evals[0]["critic_eval_loss"]
+    assert evals[-1]["critic_eval_ratio"] < evals[0]["critic_eval_ratio"] and evals[-1]["critic_eval_ratio"] < 1
+    rep = report(repo, "distill_dmd")
+    assert rep["steps_run"] == 80 and rep["skipped_steps"] == 0 and "20 linear layers converted" in rep["conversion"]
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    metrics = client.get_run(rep["mlflow_run_id"]).data.metrics
+    assert {"dmd_loss", "critic_loss", "generator_grad_norm", "critic_grad_norm", "peak_memory_mb",
+            "latent_generated_std", "latent_teacher_std", "critic_eval_loss"} <= set(metrics)
+
+    # models/dmd: a peft adapter that loads onto the AR model (config.json says what it is for)
+    config = json.loads((repo / "models/dmd/config.json").read_text())
+    assert config["sampling"]["steps"] == [1000, 946, 854, 681, 0] and config["adapter"]["rank"] == 16
+    ar = load_dit(repo / "models/ar", DIT_CONFIGS["tiny"], dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(ar, str(repo / "models/dmd"))
+    assert any(p.abs().max() > 0 for n, p in peft_model.named_parameters() if "lora_B" in n)
+
+
+def test_merge_w4a4_writes_the_packed_model_that_the_loader_runs(demo_repro):
+    repo = demo_repro
+    config = json.loads((repo / "models/w4a4/config.json").read_text())
+    assert config["format"] == "longlive-w4a4" and config["sampling"]["steps"] == [1000, 946, 854, 681, 0]
+    qc = QuantizationConfig.model_validate(config["quantization_config"])  # compressed-tensors reads it
+    assert qc.format == "nvfp4-pack-quantized"
+    with safe_open(str(repo / "models/w4a4/model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    packed = {k.removesuffix(".weight_packed") for k in keys if k.endswith(".weight_packed")}
+    assert len(packed) == 20 and not {f"{name}.weight" for name in packed} & keys  # no high-precision copy
+    metrics = json.loads((repo / "reports/merge_w4a4/metrics.json").read_text())
+    assert metrics["quantized_size_ratio"] > 3.5 and metrics["size_ratio"] > 1
+    assert 0 < metrics["rel_error_w4a4_vs_bf16"] < 0.2
+    model, _ = load_model_folder(repo / "models/w4a4")
+    assert sum(isinstance(m, PackedNVFP4Linear) for m in model.modules()) == 20
+    with torch.no_grad():
+        out = model(torch.randn(1, 48, 4, 4, 8, dtype=torch.bfloat16), torch.tensor([946.0]),
+                    torch.randn(1, 6, 32, dtype=torch.bfloat16))
+    assert out.shape == (1, 48, 4, 4, 8) and torch.isfinite(out).all()
 
 
 def test_train_ar_split_over_two_sp_ranks_encoding_online_gives_the_one_rank_losses(demo_repro, tmp_path):

@@ -82,6 +82,11 @@ BAD_CONFIGS = [  # (stage, params changes, what the one line says)
     ("train_ar", {"train_ar": {"sp": 2}}, "train_ar.sp (2) must divide nproc (1): a sample's ranks are on one node"),
     ("train_ar", {"train_ar": {"init": "models/none"}}, "train_ar.init: no DiT weights at models/none: put the"),
     ("train_ar", {}, "data/latents/index.parquet is missing: run encode_latents first"),
+    ("distill_dmd", {"distill_dmd": {"denoising_steps": [1000, 500]}},
+     "distill_dmd.denoising_steps: steps must descend from at most 1000 to 0; got [1000, 500]"),
+    ("distill_dmd", {}, "models/ar/config.json is missing: run train_ar first (dvc repro train_ar)"),
+    ("merge_w4a4", {"merge_w4a4": {"recipe": "bf16"}}, "merge_w4a4.recipe must be an NVFP4 recipe"),
+    ("merge_w4a4", {}, "models/ar/config.json is missing: run train_ar first (dvc repro train_ar)"),
 ]
 
 

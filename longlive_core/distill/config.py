@@ -78,6 +78,13 @@ class DistillDMDConfig:
         self.generator_optimizer.validate(f"{where}.generator_optimizer")
         self.critic_optimizer.validate(f"{where}.critic_optimizer")
 
+    def check_chunk(self, chunk_frames: int) -> None:
+        """Refuses frame counts that are not whole chunks of the AR model's ``chunk_frames``."""
+        for key in ("latent_frames", "grad_frames"):
+            if getattr(self, key) % chunk_frames:
+                raise ConfigError(f"distill_dmd.{key} ({getattr(self, key)}) must be a whole number of the AR "
+                                  f"model's {chunk_frames}-frame chunks")
+
     def rollout(self, chunk_frames: int) -> RolloutConfig:
         return RolloutConfig(chunk_frames, tuple(self.denoising_steps), self.window)
 

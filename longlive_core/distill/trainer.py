@@ -51,6 +51,7 @@ from longlive_core.train.parallelize import apply_fsdp, device_mesh
 from longlive_core.train.trainer import MetricsSink, peak_memory_mb, sum_over_ranks
 
 log = logging.getLogger(__name__)
+EVAL_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)  # where on the score's timestep schedule the critic is evaluated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +87,7 @@ class DMDTrainer:
         self.dtype = getattr(torch, cfg.param_dtype)
         ar = read_model_config(inputs.ar_model, "train_ar")
         self.chunk = int(ar["latent"]["chunk_frames"])
-        for key in ("latent_frames", "grad_frames"):
-            if getattr(cfg, key) % self.chunk:
-                raise ConfigError(f"distill_dmd.{key} ({getattr(cfg, key)}) must be a whole number of the AR "
-                                  f"model's {self.chunk}-frame chunks")
+        cfg.check_chunk(self.chunk)
         self.rollout_cfg: RolloutConfig = cfg.rollout(self.chunk)
         shot_offset = int(ar["multi_shot"]["shot_rope_offset"])
         self.prompts = LatentSamples(inputs.latents, "train", self.chunk, shot_offset)
@@ -152,11 +150,14 @@ class DMDTrainer:
         return rollout(model, prompt.noise.to(self.device), texts, cfg, generator_for(self.cfg.seed, "rollout", *key),
                        s.positions.to(self.device), exit_index, grad_from, self.dtype)
 
-    def _noised(self, x: torch.Tensor, key: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(x_t, the noise, sigma (1, 1)): x noised at one timestep drawn on the shifted, clamped schedule."""
+    def _noised(self, x: torch.Tensor, key: tuple, u: float | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(x_t, the noise, sigma (1, 1)): x noised at one timestep of the shifted, clamped schedule, at
+        quantile ``u`` (default: drawn)."""
         g = generator_for(self.cfg.seed, "score", *key)
         c = self.cfg
-        t = dmd_timesteps(torch.rand(1, generator=g), c.timestep_shift, c.min_timestep, c.max_timestep)
+        u_t = torch.rand(1, generator=g) if u is None else torch.tensor([u])
+        t = dmd_timesteps(u_t, c.timestep_shift, c.min_timestep, c.max_timestep)
         sigma = (t / 1000.0).to(self.device)[:, None]
         noise = torch.randn(x.shape, generator=g).to(self.device)
         return (1 - sigma[..., None, None, None]) * x + sigma[..., None, None, None] * noise, noise, sigma
@@ -179,11 +180,18 @@ class DMDTrainer:
     def critic_loss(self, prompt: Prompt, key: tuple, exit_index: int) -> torch.Tensor:
         with self.roles.generator() as generator, torch.no_grad():
             x = self.generate(generator, prompt, ("critic", *key), exit_index)
-        x_t, noise, sigma = self._noised(x, ("critic", *key))
-        with self.roles.fake() as fake:
+        return self._flow_loss(prompt, x, ("critic", *key))
+
+    def _flow_loss(self, prompt: Prompt, x: torch.Tensor, key: tuple, u: float | None = None, role: str = "fake"
+                   ) -> torch.Tensor:
+        """A score's flow-matching loss on the generated (detached) x: the fake score's (the critic's),
+        or the real one's."""
+        x_t, noise, sigma = self._noised(x, key, u)
+        with getattr(self.roles, role)() as model:
             s = prompt.sample
-            v = teacher_forcing_velocity(fake, self._layout(fake, s), x, x_t, sigma.expand(1, x.shape[2] // self.chunk),
-                                         s.text, s.shot_of_frame, s.positions, self.dtype)
+            chunk_sigma = sigma.expand(1, x.shape[2] // self.chunk)
+            v = teacher_forcing_velocity(model, self._layout(model, s), x, x_t, chunk_sigma, s.text, s.shot_of_frame,
+                                         s.positions, self.dtype)
         return critic_loss(v, x, noise)
 
     def generator_loss(self, prompt: Prompt, key: tuple, exit_index: int) -> tuple[torch.Tensor, float]:
@@ -242,19 +250,28 @@ class DMDTrainer:
 
     @torch.no_grad()
     def latent_stats(self) -> dict[str, float]:
-        """Mean and std of a few generated samples (the full few-step rollout) against the teacher's
-        (the AR model over its own shifted schedule) and the data's, on fixed val prompts."""
+        """On fixed val prompts: mean and std of a few generated samples (the full few-step rollout)
+        against the teacher's (the AR model over its own shifted schedule) and the data's; and the
+        critic's flow loss on those samples at fixed timesteps (``EVAL_QUANTILES`` of the score
+        schedule) and noise, which, unlike the training loss, does not swing with the drawn timestep."""
         cfg, data = self.cfg, self.stats_prompts
         teacher = dataclasses.replace(self.rollout_cfg, steps=teacher_schedule(cfg.teacher_steps, cfg.timestep_shift))
         made: dict[str, list[torch.Tensor]] = {"generated": [], "teacher": [], "data": []}
+        critic: list[float] = []
+        teacher_fit: list[float] = []
         for i in range(cfg.stats_samples):
             prompt = self._prompt(data, ("stats", i), data.sample_ids[i % len(data)])
             with self.roles.generator() as generator:
-                made["generated"].append(self.generate(generator, prompt, ("stats", i)).float().cpu())
+                x = self.generate(generator, prompt, ("stats", i))
+            for role, losses in (("fake", critic), ("real", teacher_fit)):
+                losses += [float(self._flow_loss(prompt, x, ("critic-eval", i, j), u, role))
+                           for j, u in enumerate(EVAL_QUANTILES)]
+            made["generated"].append(x.float().cpu())
             with self.roles.real() as real:
                 made["teacher"].append(self.generate(real, prompt, ("stats-teacher", i), cfg=teacher).float().cpu())
             made["data"].append(prompt.sample.latents)
-        out = {}
+        out = {"critic_eval_loss": sum(critic) / len(critic), "teacher_eval_loss": sum(teacher_fit) / len(teacher_fit)}
+        out["critic_eval_ratio"] = out["critic_eval_loss"] / max(out["teacher_eval_loss"], 1e-12)
         for name, xs in made.items():
             x = torch.cat([t.flatten() for t in xs])
             out[f"latent_{name}_mean"], out[f"latent_{name}_std"] = float(x.mean()), float(x.std())
@@ -276,6 +293,7 @@ class DMDTrainer:
         progress = Progress(log, "distill_dmd", max(0, last - start), "steps") if rank == 0 else None
         history = store.history.open("a") if rank == 0 else None
         critic_losses: list[float] = []
+        critic_eval: list[float] = []
         metrics: dict[str, float] = {}
         try:
             for step in range(start, last):
@@ -288,8 +306,10 @@ class DMDTrainer:
                     torch.cuda.synchronize(self.device)
                 metrics.update({"step_s": time.perf_counter() - t0, "peak_memory_mb": peak_memory_mb(self.device),
                                 "skipped_steps": skipped})
-                if cfg.stats_every and (done % cfg.stats_every == 0 or done == cfg.steps) and cfg.stats_samples:
+                # at the first step too: where the critic and the generator started
+                if cfg.stats_every and cfg.stats_samples and (done % cfg.stats_every == 0 or done in (1, cfg.steps)):
                     metrics.update(self.latent_stats())
+                    critic_eval.append(metrics["critic_eval_loss"])
                 critic_losses.append(metrics["critic_loss"])
                 if rank == 0:
                     history.write(json.dumps({"step": done, **metrics}) + "\n")
@@ -310,6 +330,8 @@ class DMDTrainer:
             head = critic_losses[: max(1, len(critic_losses) // 5)]
             tail = critic_losses[-max(1, len(critic_losses) // 5):]
             summary.update({"critic_loss_first": sum(head) / len(head), "critic_loss_last": sum(tail) / len(tail)})
+        if critic_eval:
+            summary.update({"critic_eval_loss_first": critic_eval[0], "critic_eval_loss_last": critic_eval[-1]})
         if isinstance(self.roles, LoRARoles):
             summary["adapter_state"] = self.roles.generator_adapter()
         return summary
