@@ -13,6 +13,8 @@ optimizers; a killed run resumes from its last one, never from the AR model.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -75,8 +77,31 @@ def teacher_schedule(steps: int, shift: float) -> tuple[int, ...]:
     return (*sorted(set(ts), reverse=True), 0)
 
 
+class PhaseTimes:
+    """Seconds spent in each named phase of the steps, the device synchronized at every boundary: for
+    benchmarks (a trainer without one never synchronizes inside a step)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds = device, collections.defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.seconds[name] += time.perf_counter() - t0
+
+
 class DMDTrainer:
     """The three roles, both optimizers, the prompts and the checkpoints of one rank."""
+
+    phases: PhaseTimes | None = None  # set by benchmarks
+
+    def _phase(self, name: str):
+        return self.phases(name) if self.phases is not None else contextlib.nullcontext()
 
     def __init__(self, cfg: DistillDMDConfig, inputs: DistillInputs, full_weights: bool = False):
         self.cfg, self.inputs = cfg, inputs
@@ -178,9 +203,10 @@ class DMDTrainer:
 
     # ------------------------------------------------------------------ steps
     def critic_loss(self, prompt: Prompt, key: tuple, exit_index: int) -> torch.Tensor:
-        with self.roles.generator() as generator, torch.no_grad():
+        with self._phase("critic/rollout"), self.roles.generator() as generator, torch.no_grad():
             x = self.generate(generator, prompt, ("critic", *key), exit_index)
-        return self._flow_loss(prompt, x, ("critic", *key))
+        with self._phase("critic/fake_score"):
+            return self._flow_loss(prompt, x, ("critic", *key))
 
     def _flow_loss(self, prompt: Prompt, x: torch.Tensor, key: tuple, u: float | None = None, role: str = "fake"
                    ) -> torch.Tensor:
@@ -197,35 +223,37 @@ class DMDTrainer:
     def generator_loss(self, prompt: Prompt, key: tuple, exit_index: int) -> tuple[torch.Tensor, float]:
         """The DMD loss of a rollout with gradient, and the mean |DMD gradient| (after normalisation)."""
         cfg, s = self.cfg, prompt.sample
-        with self.roles.generator() as generator:
+        with self._phase("generator/rollout"), self.roles.generator() as generator:
             x = self.generate(generator, prompt, ("generator", *key), exit_index, grad=True)
         x_t, _, sigma = self._noised(x.detach(), ("generator", *key))
         with torch.no_grad():
-            with self.roles.fake() as fake:
+            with self._phase("generator/fake_score"), self.roles.fake() as fake:
                 layout = self._layout(fake, s)
                 fake_x0 = self._x0(fake, layout, x.detach(), x_t, sigma, s)
                 if cfg.fake_guidance:
                     fake_x0 = guided(fake_x0, self._x0(fake, layout, x.detach(), x_t, sigma, s, self.empty_text),
                                      cfg.fake_guidance)
-            with self.roles.real() as real:
+            with self._phase("generator/real_score"), self.roles.real() as real:
                 cond = self._x0(real, layout, x.detach(), x_t, sigma, s)
                 uncond = self._x0(real, layout, x.detach(), x_t, sigma, s, self.empty_text)
             grad = dmd_gradient(x.detach(), fake_x0, guided(cond, uncond, cfg.real_guidance), self.chunk)
         return generator_loss(x, grad), grad.abs().mean()
 
-    def _optimizer_step(self, loss: torch.Tensor, params: list, optimizer: torch.optim.Optimizer,
+    def _optimizer_step(self, role: str, loss: torch.Tensor, params: list, optimizer: torch.optim.Optimizer,
                         grad_clip: float) -> tuple[float, float, bool]:
         """Backward, clip and step (skipped when the world's loss or the gradient norm is not finite);
         returns (the world's mean loss, grad norm, stepped)."""
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else math.inf)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        mean, = sum_over_ranks([loss.detach()], self.device)
-        mean /= self.world
-        finite = math.isfinite(mean) and math.isfinite(norm)
-        if finite:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with self._phase(f"{role}/backward"):
+            loss.backward()
+        with self._phase(f"{role}/optimizer"):
+            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else math.inf)
+            norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            mean, = sum_over_ranks([loss.detach()], self.device)
+            mean /= self.world
+            finite = math.isfinite(mean) and math.isfinite(norm)
+            if finite:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         return mean, norm, finite
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -237,12 +265,12 @@ class DMDTrainer:
         skipped = 0
         if is_generator_step(step, cfg.generator_every):
             loss, grad_abs = self.generator_loss(prompt, key, exit_index)
-            mean, norm, ok = self._optimizer_step(loss, self.roles.generator_params(), self.generator_opt,
+            mean, norm, ok = self._optimizer_step("generator", loss, self.roles.generator_params(), self.generator_opt,
                                                   cfg.generator_optimizer.grad_clip)
             metrics.update({"dmd_loss": mean, "generator_grad_norm": norm, "dmd_grad_mean_abs": float(grad_abs)})
             skipped += not ok
         loss = self.critic_loss(prompt, key, exit_index)
-        mean, norm, ok = self._optimizer_step(loss, self.roles.critic_params(), self.critic_opt,
+        mean, norm, ok = self._optimizer_step("critic", loss, self.roles.critic_params(), self.critic_opt,
                                               cfg.critic_optimizer.grad_clip)
         metrics.update({"critic_loss": mean, "critic_grad_norm": norm})
         metrics["skipped"] = skipped + (not ok)
