@@ -60,7 +60,8 @@ def make_inputs(root: Path, frames: int, blocks: int) -> tuple[Path, Path]:
     pd.DataFrame(rows).to_parquet(latents / "index.parquet", index=False)
     write_json({"format": "longlive-dit", "dit": {"name": "bench"}, "latent": {"chunk_frames": 8},
                 "multi_shot": {"shot_rope_offset": 8},
-                "precision": {"recipe": "nvfp4", "skip": list(DEFAULT_SKIP), "keep_last_blocks": 0}}, ar / "config.json")
+                "precision": {"recipe": "nvfp4", "skip": list(DEFAULT_SKIP), "keep_last_blocks": 0}},
+               ar / "config.json")
     return ar, latents
 
 
