@@ -2,7 +2,7 @@
 with the peak GPU memory of each way to hold the three roles.
 
     PYTHONPATH=. python bench/dmd_step.py [--blocks 8] [--frames 32] [--modes nvfp4-lora bf16-lora bf16-full]
-                                          [--steps 2]
+                                          [--steps 2] [--ac full]
 
 Modes: ``nvfp4-lora``, what ``distill_dmd`` runs in production: one frozen backbone whose linears are
 held packed in NVFP4 (no master weight), with the generator's and the fake score's LoRA adapters
@@ -13,8 +13,9 @@ fake score trained with AdamW. The iteration is ``DMDTrainer.train_step`` with `
 gradient through every chunk's exit step), the fake and the real (guided: two passes) scores over
 the teacher-forcing layout of the 32 generated frames, backward and AdamW; then the critic's
 rollout, fake-score flow loss, backward and AdamW. Latents 44x80 (880 tokens per frame), 512-token
-captions. Each mode runs in its own process (peak memory from a clean start); one warm-up
-iteration (compilation), then the mean of ``--steps`` timed ones.
+captions; activation checkpointing ``--ac`` of every role's blocks. Each mode runs in its own
+process (peak memory from a clean start); one warm-up iteration (compilation), then the mean of
+``--steps`` timed ones.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def make_inputs(root: Path, frames: int, blocks: int) -> tuple[Path, Path]:
     """A latent cache of one train and one val sample, and a models/ar folder's config.json (the weights
     themselves are made on the GPU: see ``random_dit``)."""
     from longlive_core.io.atomic import write_json
-    from longlive_core.latents.encode import EMPTY_PROMPT
+    from longlive_core.latents.files import EMPTY_PROMPT
     from longlive_core.quant.recipe import DEFAULT_SKIP
 
     latents, ar = root / "latents", root / "ar"
@@ -96,8 +97,9 @@ def one_mode(args) -> dict:
                             timeout=datetime.timedelta(minutes=30))
     recipe = "nvfp4" if args.one.startswith("nvfp4") else "bf16"
     cfg = DistillDMDConfig(steps=10**6, generator_every=1, latent_frames=args.frames, grad_frames=args.frames,
-                           lora=LoRASettings(128, 128.0), recipe=recipe, stats_every=0, device="cuda")
-    row: dict = {"mode": args.one, "blocks": args.blocks, "frames": args.frames}
+                           lora=LoRASettings(128, 128.0), recipe=recipe, stats_every=0, device="cuda",
+                           activation_checkpointing=args.ac)
+    row: dict = {"mode": args.one, "blocks": args.blocks, "frames": args.frames, "ac": args.ac}
     with tempfile.TemporaryDirectory() as tmp:
         ar, latents = make_inputs(Path(tmp), args.frames, args.blocks)
         try:
@@ -126,6 +128,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=32)
     ap.add_argument("--modes", nargs="+", default=["nvfp4-lora", "bf16-lora", "bf16-full"])
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--ac", default="full", choices=["none", "full", "selective"])
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one mode in this process
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -137,7 +140,8 @@ def main() -> None:
     rows = []
     for mode in args.modes:
         proc = subprocess.run([sys.executable, __file__, "--one", mode, "--blocks", str(args.blocks), "--frames",
-                               str(args.frames), "--steps", str(args.steps)], capture_output=True, text=True)
+                               str(args.frames), "--steps", str(args.steps), "--ac", args.ac],
+                              capture_output=True, text=True)
         found = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
         row = json.loads(found[0]) if found else {"mode": mode, "error": proc.stderr[-2000:]}
         rows.append(row)

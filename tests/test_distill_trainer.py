@@ -1,7 +1,8 @@
 """DMD distillation on tiny models under torchrun: a killed distillation resumes from its own last
 checkpoint exactly (its checkpoints hold the adapters and optimizers, not the frozen backbone); the
 generator's adapter as exported loads onto the AR model with peft and generates what the trained
-generator generates; the full-weight baseline of the memory comparison runs."""
+generator generates; activation checkpointing changes no loss or gradient; the full-weight baseline
+of the memory comparison runs."""
 from __future__ import annotations
 
 import json
@@ -68,7 +69,9 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
     ar, _ = inputs
     runs = launch(tmp_path, inputs, [
         {"name": "f32", "generated": True, "distill_dmd": {"recipe": "bf16", "param_dtype": "float32"}},
-        {"name": "nvfp4", "distill_dmd": {"steps": 2}},
+        {"name": "f32-ac", "distill_dmd": {"recipe": "bf16", "param_dtype": "float32",
+                                           "activation_checkpointing": "full"}},
+        {"name": "nvfp4", "distill_dmd": {"steps": 2, "activation_checkpointing": "full"}},
         {"name": "full", "full_weights": True, "distill_dmd": {"steps": 2, "recipe": "bf16"}}])
     out = runs["f32"]["out"]
     made = load_file(out / "generated.safetensors")
@@ -82,6 +85,12 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
         with model.disable_adapter():
             base = rollout(dit, made["noise"], texts, cfg, generator_for(0, "rollout", "stats", 0), made["positions"])
     assert (base - made["x"]).abs().max() > 1e-3  # the adapter learned something
+    # activation checkpointing recomputes the rollout's exit steps (with the generator's adapter and
+    # the KV cache as it was) and the scores: the same losses and gradients
+    for plain, checkpointed in zip(runs["f32"]["summary"]["logged"], runs["f32-ac"]["summary"]["logged"], strict=True):
+        for key in ("critic_loss", "critic_grad_norm", "dmd_loss", "generator_grad_norm"):
+            if key in plain:
+                assert checkpointed[key] == pytest.approx(plain[key], rel=1e-5), key
     nvfp4, full = runs["nvfp4"]["summary"], runs["full"]["summary"]
     assert "20 linear layers converted" in nvfp4["conversion"] and nvfp4["steps_run"] == 2
     assert full["steps_run"] == 2 and all(math.isfinite(m["critic_loss"]) for m in full["logged"])

@@ -39,6 +39,7 @@ class DistillDMDConfig:
     critic_optimizer: OptimizerConfig = OptimizerConfig(lr=2e-6)
     recipe: str = "nvfp4"  # the frozen backbone's: nvfp4 | nvfp4-4over6 (held packed) | bf16
     param_dtype: str = "bfloat16"  # the compute copy FSDP gathers (adapters); masters float32
+    activation_checkpointing: str = "none"  # none | full | selective, as train_ar's (every role's blocks)
     stats_every: int = 100  # latent statistics of generated samples against the teacher's; 0: never
     stats_samples: int = 2  # val-split prompts, fixed
     teacher_steps: int = 16  # the teacher's sampling steps for those statistics (its shifted schedule)
@@ -70,6 +71,9 @@ class DistillDMDConfig:
             raise ConfigError(f"{where}.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
         if self.param_dtype not in ("bfloat16", "float32"):
             raise ConfigError(f"{where}.param_dtype must be bfloat16 or float32; got {self.param_dtype!r}")
+        if self.activation_checkpointing not in ("none", "full", "selective"):
+            raise ConfigError(f"{where}.activation_checkpointing must be none, full or selective; "
+                              f"got {self.activation_checkpointing!r}")
         if self.sharding not in ("full", "hybrid") or (self.sharding == "hybrid" and self.nnodes < 2):
             raise ConfigError(f"{where}.sharding must be full, or hybrid with nnodes >= 2")
         if self.stats_every < 0 or self.stats_samples < 0:

@@ -39,7 +39,7 @@ from longlive_core.distill.dmd import (
 )
 from longlive_core.distill.roles import FullRoles, LoRARoles
 from longlive_core.infer.rollout import RolloutConfig, rollout
-from longlive_core.latents.encode import EMPTY_PROMPT
+from longlive_core.latents.files import EMPTY_PROMPT
 from longlive_core.models.checkpoint import load_dit, read_model_config
 from longlive_core.models.config import dit_config
 from longlive_core.models.wan_dit import WanDiT
@@ -49,7 +49,7 @@ from longlive_core.train.data import LatentSamples, TrainSample, generator_for
 from longlive_core.train.flow import FlowMatching
 from longlive_core.train.forward import teacher_forcing_velocity
 from longlive_core.train.layout import TeacherForcingLayout
-from longlive_core.train.parallelize import apply_fsdp, device_mesh
+from longlive_core.train.parallelize import apply_activation_checkpointing, apply_fsdp, device_mesh
 from longlive_core.train.trainer import MetricsSink, peak_memory_mb, sum_over_ranks
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,7 @@ class DMDTrainer:
                                     precision["keep_last_blocks"]))
         mesh = device_mesh(cfg, self.device.type)
         for module in self.roles.modules:
+            apply_activation_checkpointing(module, cfg.activation_checkpointing)
             module.to(self.device)
             apply_fsdp(module, mesh, self.dtype)
 
@@ -265,8 +266,10 @@ class DMDTrainer:
         skipped = 0
         if is_generator_step(step, cfg.generator_every):
             loss, grad_abs = self.generator_loss(prompt, key, exit_index)
-            mean, norm, ok = self._optimizer_step("generator", loss, self.roles.generator_params(), self.generator_opt,
-                                                  cfg.generator_optimizer.grad_clip)
+            # activation checkpointing recomputes the rollout's exit steps in the backward: with the generator's adapter
+            with self.roles.generator():
+                mean, norm, ok = self._optimizer_step("generator", loss, self.roles.generator_params(),
+                                                      self.generator_opt, cfg.generator_optimizer.grad_clip)
             metrics.update({"dmd_loss": mean, "generator_grad_norm": norm, "dmd_grad_mean_abs": float(grad_abs)})
             skipped += not ok
         loss = self.critic_loss(prompt, key, exit_index)

@@ -43,20 +43,22 @@ class KVCache:
 
 
 class CachedAttention:
-    """Block ``index``'s ``attention_fn``: attends over [cache; current] and, in a write pass, appends
-    the current keys and values to the cache after using them."""
+    """Block ``index``'s ``attention_fn`` for one forward: attends over [cache; current] and, in a write
+    pass, appends the current keys and values to the cache after using them. It holds the cache as it
+    was when the forward began, so activation checkpointing, which calls it again in the backward
+    after later chunks were written, recomputes what the forward computed."""
 
     def __init__(self, cache: KVCache, index: int):
         self.cache, self.index = cache, index
+        self.past_k, self.past_v, self.writing = cache.keys[index], cache.values[index], cache.writing
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
         if mask_mod is not None:
             raise ValueError("cached attention takes no mask: the cache holds exactly what the chunk may see")
-        c = self.cache
-        past_k, past_v = c.keys[self.index], c.values[self.index]
+        past_k, past_v = self.past_k, self.past_v
         full_k = k if past_k is None else torch.cat([past_k.to(k.dtype), k], dim=2)
         full_v = v if past_v is None else torch.cat([past_v.to(v.dtype), v], dim=2)
         out = attend(q, full_k, full_v, None)
-        if c.writing:
-            c._append(self.index, k, v)
+        if self.writing:
+            self.cache._append(self.index, k, v)
         return out

@@ -35,6 +35,7 @@ from safetensors.torch import save_file
 from longlive_core.config import ConfigError
 from longlive_core.devices import pick_device
 from longlive_core.io.atomic import TMP_PREFIX, atomic_path, remove_unreferenced, write_parquet
+from longlive_core.latents.files import EMPTY_PROMPT
 from longlive_core.latents.halo import Chunk, plan_chunks, receptive_field_latents
 from longlive_core.models.text import check_text_encoder_dir, load_text_encoder, shot_prompts, tiny_text_encoder
 from longlive_core.models.vae import (
@@ -53,7 +54,6 @@ from longlive_core.video.normalize import ClipFormat, ClipRejected, normalize_cl
 
 log = logging.getLogger(__name__)
 
-EMPTY_PROMPT = "empty_prompt.safetensors"  # beside the index: the empty caption's embedding, (T, D)
 INDEX_COLUMNS = ["sample_id", "shot", "video_id", "shot_index", "shard", "latents_key", "text_key", "latent_shape",
                  "num_frames", "caption", "split", "encode_key", "fingerprint"]
 

@@ -8,7 +8,8 @@ import pandas as pd
 import torch
 from safetensors.torch import save_file
 
-from longlive_core.latents.encode import EMPTY_PROMPT, INDEX_COLUMNS
+from longlive_core.latents.encode import INDEX_COLUMNS
+from longlive_core.latents.files import EMPTY_PROMPT
 
 TEXT_TOKENS, TEXT_DIM, CHANNELS, HEIGHT, WIDTH = 6, 32, 48, 4, 4
 
