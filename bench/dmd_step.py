@@ -116,8 +116,12 @@ def one_mode(args) -> dict:
             row["iteration_s"] = round((time.perf_counter() - t0) / args.steps, 3)
             row["phases_s"] = {k: round(v / args.steps, 3) for k, v in sorted(trainer.phases.seconds.items())}
             row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        except torch.OutOfMemoryError:
-            row["error"] = "out of memory"
+        except torch.OutOfMemoryError as exc:
+            import traceback
+
+            where = [f"{f.name}:{f.lineno}" for f in traceback.extract_tb(exc.__traceback__)
+                     if "longlive_core" in f.filename or "bench" in f.filename]
+            row["error"] = f"out of memory in {' <- '.join(reversed(where[-6:]))}: {str(exc)[:200]}"
     dist.destroy_process_group()
     return row
 

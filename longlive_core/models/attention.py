@@ -60,8 +60,14 @@ def block_mask_for(mask_mod: MaskMod, q_len: int, kv_len: int, device: torch.dev
 
 
 def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
+    import torch._dynamo
+
     block_mask = None if mask_mod is None else block_mask_for(mask_mod, q.shape[2], k.shape[2], q.device)
-    return _compiled_flex()(q, k, v, block_mask=block_mask)
+    # chunk-by-chunk generation calls it with many (query, key) lengths, with and without a mask and a
+    # gradient: past dynamo's default of 8 recompilations it would run flex eagerly, which materialises
+    # every score (hundreds of GiB at 56K tokens)
+    with torch._dynamo.config.patch(recompile_limit=1024):
+        return _compiled_flex()(q, k, v, block_mask=block_mask)
 
 
 def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
