@@ -48,7 +48,7 @@ def body(cfg: MergeW4A4Config, run) -> dict:
 
     from longlive_core.distill.merge import chunk_inputs, merged_model, outputs, relative_error
     from longlive_core.infer.model_folder import W4A4_WEIGHTS, load_w4a4
-    from longlive_core.quant.recipe import convert_linears
+    from longlive_core.quant.recipe import RECIPES, convert_linears
     from longlive_core.quant.w4a4 import calibrate, packed_layers, quantization_config, w4a4_state_dict
 
     device = pick_device(cfg.device, f"{STAGE}.device")
@@ -71,7 +71,7 @@ def body(cfg: MergeW4A4Config, run) -> dict:
     layers = packed_layers(model)
     amax = calibrate(model, lambda: outputs(model, calibration, torch.float32, device))
     state = {k: v.cpu() for k, v in w4a4_state_dict(model, dtype, amax).items()}
-    quantization = quantization_config(model, next(iter(layers.values())).recipe)
+    quantization = quantization_config(model, RECIPES[cfg.recipe])
     packed_bytes = sum(layer.packed_bytes() for layer in layers.values())
     packed_bf16_bytes = sum(layer.in_features * layer.out_features * 2 for layer in layers.values())
     with atomic_dir(W4A4_MODEL) as staging:

@@ -37,20 +37,27 @@ def inputs(tmp_path_factory):
     return make_ar_model(tmp / "ar"), make_cache(tmp / "latents", SMALL)
 
 
-def launch(tmp_path: Path, inputs, runs: list[dict]) -> dict[str, dict]:
+def launch(tmp_path: Path, inputs, runs: list[dict], nproc: int = 1) -> dict[str, dict]:
     ar, latents = inputs
     specs = [{"checkpoints": str(tmp_path / f"ckpt-{r['name']}"), **r, "ar_model": str(ar), "latents": str(latents),
-              "distill_dmd": {**BASE, **r.get("distill_dmd", {})}} for r in runs]
-    out = launch_worker("distill_worker", tmp_path, specs, 1)
+              "distill_dmd": {**BASE, **r.get("distill_dmd", {}), "nproc": nproc}} for r in runs]
+    out = launch_worker("distill_worker", tmp_path, specs, nproc)
     return {r["name"]: {"summary": json.loads((out / r["name"] / "summary.json").read_text()), "out": out / r["name"]}
             for r in runs}
 
 
-def test_a_killed_distillation_resumes_from_its_checkpoint_exactly(tmp_path, inputs):
-    ckpt = str(tmp_path / "ckpt")
-    runs = launch(tmp_path, inputs, [{"name": "first", "checkpoints": ckpt, "stop_after": 3},
-                                     {"name": "second", "checkpoints": ckpt},
-                                     {"name": "straight"}])
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory, inputs):
+    """A run stopped after step 3 and started again, and the same run straight through."""
+    tmp = tmp_path_factory.mktemp("one-rank")
+    ckpt = str(tmp / "ckpt")
+    runs = launch(tmp, inputs, [{"name": "first", "checkpoints": ckpt, "stop_after": 3},
+                                {"name": "second", "checkpoints": ckpt}, {"name": "straight"}])
+    return runs, ckpt
+
+
+def test_a_killed_distillation_resumes_from_its_checkpoint_exactly(one_rank):
+    runs, ckpt = one_rank
     first, second, straight = (runs[n]["summary"] for n in ("first", "second", "straight"))
     assert first["steps_run"] == 3 and second["start_step"] == 2 and "resuming" in second["resume"]
     logged = {m["step"]: m for m in first["logged"][:2] + second["logged"]}
@@ -94,3 +101,18 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
     nvfp4, full = runs["nvfp4"]["summary"], runs["full"]["summary"]
     assert "20 linear layers converted" in nvfp4["conversion"] and nvfp4["steps_run"] == 2
     assert full["steps_run"] == 2 and all(math.isfinite(m["critic_loss"]) for m in full["logged"])
+
+
+def test_two_ranks_distil_their_own_prompts_with_one_exit_step(tmp_path, inputs, one_rank):
+    """Data parallel over 2 ranks (FSDP2 over gloo): every step's exit step comes from rank 0, the
+    losses are the mean of the ranks' (each rank draws its own prompt, so they differ from one rank's),
+    and a resumed 2-rank run continues exactly."""
+    ckpt = str(tmp_path / "ckpt")
+    two = launch(tmp_path / "two", inputs, [{"name": "first", "checkpoints": ckpt, "stop_after": 3},
+                                            {"name": "second", "checkpoints": ckpt}], nproc=2)
+    first, second = two["first"]["summary"], two["second"]["summary"]
+    assert second["start_step"] == 2 and second["logged"][0]["critic_loss"] == first["logged"][2]["critic_loss"]
+    solo = one_rank[0]["straight"]["summary"]["logged"]
+    assert [m["exit_index"] for m in first["logged"]] == [m["exit_index"] for m in solo[:3]]  # rank 0's draws
+    assert first["logged"][0]["critic_loss"] != solo[0]["critic_loss"]  # rank 1 distilled another prompt
+    assert all(math.isfinite(m["critic_loss"]) for m in first["logged"] + second["logged"])
