@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +33,8 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
+
+from bench.gpu_setup import one_rank_group, random_dit_on_gpu
 
 H, W, TEXT_TOKENS = 44, 80, 512
 
@@ -67,17 +67,8 @@ def make_inputs(root: Path, frames: int, blocks: int) -> tuple[Path, Path]:
 
 
 def random_dit(path, cfg, dtype=None):
-    """Random weights made on the GPU and left there (a CPU init, and a CPU quantization, of a billion
-    parameters take longer than the bench)."""
-    from longlive_core.models.wan_dit import WanDiT
-
-    with torch.device("meta"):
-        model = WanDiT(cfg)
-    model.to_empty(device="cuda")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-    return model
+    """``load_dit``'s stand-in: random weights on the GPU (a CPU quantization of them would outlast the bench)."""
+    return random_dit_on_gpu(cfg)
 
 
 def one_mode(args) -> dict:
@@ -89,12 +80,7 @@ def one_mode(args) -> dict:
     model_configs.DIT_CONFIGS["bench"] = dataclasses.replace(model_configs.dit_config("wan2.2-ti2v-5b"),
                                                              num_layers=args.blocks)
     trainer_module.load_dit = random_dit
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(minutes=30))
+    one_rank_group()
     recipe = "nvfp4" if args.one.startswith("nvfp4") else "bf16"
     cfg = DistillDMDConfig(steps=10**6, generator_every=1, latent_frames=args.frames, grad_frames=args.frames,
                            lora=LoRASettings(128, 128.0), recipe=recipe, stats_every=0, device="cuda",
@@ -126,6 +112,25 @@ def one_mode(args) -> dict:
     return row
 
 
+def stage_comparison(args) -> dict:
+    from longlive_core.distill import trainer as trainer_module
+    from longlive_core.distill.config import DistillDMDConfig, LoRASettings
+    from longlive_core.distill.trainer import DistillInputs, memory_comparison
+    from longlive_core.models import config as model_configs
+
+    model_configs.DIT_CONFIGS["bench"] = dataclasses.replace(model_configs.dit_config("wan2.2-ti2v-5b"),
+                                                             num_layers=args.blocks)
+    trainer_module.load_dit = random_dit
+    one_rank_group()
+    cfg = DistillDMDConfig(latent_frames=args.frames, grad_frames=args.frames, lora=LoRASettings(128, 128.0),
+                           device="cuda", activation_checkpointing=args.ac)
+    with tempfile.TemporaryDirectory() as tmp:
+        ar, latents = make_inputs(Path(tmp), args.frames, args.blocks)
+        out = memory_comparison(cfg, DistillInputs(ar, latents, Path(tmp) / "ckpt", "bench"), Path(tmp) / "scratch")
+    dist.destroy_process_group()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=8)
@@ -133,11 +138,16 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["nvfp4-lora", "bf16-lora", "bf16-full"])
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--ac", default="full", choices=["none", "full", "selective"])
+    ap.add_argument("--stage-comparison", action="store_true",
+                    help="run distill_dmd's own memory_comparison at these dims instead (nvfp4-lora against bf16-full)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one mode in this process
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.one:
         print("ROW " + json.dumps(one_mode(args)), flush=True)
+        return
+    if args.stage_comparison:
+        print(json.dumps(stage_comparison(args)), flush=True)
         return
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.blocks} blocks of wan2.2-ti2v-5b, "
           f"{args.frames} latent frames", flush=True)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from bench.gpu_setup import random_dit_on_gpu
 from longlive_core.models import config as model_configs
 from longlive_core.models.attention import attend
 from longlive_core.models.wan_dit import WanDiT
@@ -101,13 +102,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = model_configs.dit_config("wan2.2-ti2v-5b")
     cfg = dataclasses.replace(cfg, num_layers=args.blocks)
-    with torch.device("meta"):
-        model = WanDiT(cfg)
-    model.to_empty(device="cuda")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-    model.to(torch.bfloat16)
+    model = random_dit_on_gpu(cfg).to(torch.bfloat16)
     apply_activation_checkpointing(model, args.ac)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.blocks} blocks of wan2.2-ti2v-5b, "
           f"AC {args.ac}", flush=True)

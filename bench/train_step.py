@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -30,6 +28,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from bench.gpu_setup import one_rank_group, random_dit_on_gpu
 from longlive_core.models import config as model_configs
 from longlive_core.train import trainer as trainer_module
 from longlive_core.train.config import TrainARConfig
@@ -53,16 +52,7 @@ def make_cache(root: Path, frames: int, text_dim: int) -> None:
 
 
 def fast_random_model(cfg: TrainARConfig):
-    """Random weights made on the GPU (a CPU init of a billion parameters takes longer than the bench)."""
-    from longlive_core.models.wan_dit import WanDiT
-
-    with torch.device("meta"):
-        model = WanDiT(model_configs.dit_config(cfg.model))
-    model.to_empty(device="cuda")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-    return model.cpu()
+    return random_dit_on_gpu(model_configs.dit_config(cfg.model)).cpu()
 
 
 def profile_step(trainer: Trainer, path: Path) -> None:
@@ -140,12 +130,7 @@ def main() -> None:
     base = model_configs.dit_config("wan2.2-ti2v-5b")
     model_configs.DIT_CONFIGS["bench"] = dataclasses.replace(base, num_layers=args.blocks)
     trainer_module.build_model = fast_random_model
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(minutes=30))
+    one_rank_group()
     rows: list[dict] = []
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.blocks} blocks of wan2.2-ti2v-5b")
     with tempfile.TemporaryDirectory() as tmp:

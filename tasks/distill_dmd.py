@@ -71,20 +71,29 @@ def export(cfg: DistillDMDConfig, adapter: dict, lora_config, digest: str) -> No
 def body(cfg: DistillDMDConfig, run) -> dict:
     import torch.distributed as dist
 
-    from longlive_core.distill.trainer import DistillInputs, DMDTrainer  # torch.distributed: in the ranks only
+    # torch.distributed's checkpointing: in the ranks only
+    from longlive_core.distill.trainer import DistillInputs, DMDTrainer, memory_comparison
 
     rank0 = dist.get_rank() == 0
     digest = run_digest(cfg) if rank0 else ""  # only rank 0 reads and writes checkpoint metadata
-    trainer = DMDTrainer(cfg, DistillInputs(AR_MODEL, LATENTS, DMD_CHECKPOINTS, digest))
+    inputs = DistillInputs(AR_MODEL, LATENTS, DMD_CHECKPOINTS, digest)
+    trainer = DMDTrainer(cfg, inputs)
     run.set_tags({"input.ar_model": weights_identity(AR_MODEL) if rank0 else "", "distill_dmd.run_digest": digest})
     summary = trainer.run(sink=lambda metrics, step: run.log_metrics(metrics, step=step))
-    adapter = summary.pop("adapter_state")
+    adapter, lora_config = summary.pop("adapter_state"), trainer.roles.lora_config
+    if rank0:
+        export(cfg, adapter, lora_config, digest)
+    if cfg.memory_comparison:
+        del trainer  # each mode is measured from a clean start
+        summary["memory_comparison"] = memory_comparison(cfg, inputs, DMD_CHECKPOINTS / "memory_comparison")
     if not rank0:
         return summary
-    export(cfg, adapter, trainer.roles.lora_config, digest)
     DISTILL_DMD_HISTORY.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(DMD_CHECKPOINTS / "history.jsonl", DISTILL_DMD_HISTORY)
     run.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
+    memory = summary.get("memory_comparison", {})
+    if memory.get("measured"):
+        run.log_metrics({"peak_memory_vs_bf16_full_weights": memory["ratio"]})
     run.log_artifact(DISTILL_DMD_HISTORY)
     run.log_artifact(DMD_MODEL / "adapter_config.json")
     run.log_artifact(DMD_MODEL / "config.json")
@@ -94,8 +103,10 @@ def body(cfg: DistillDMDConfig, run) -> dict:
 def one_line(s) -> str:
     critic = ("" if "critic_eval_loss_first" not in s else
               f"; critic loss at fixed timesteps {s['critic_eval_loss_first']:.4f} -> {s['critic_eval_loss_last']:.4f}")
+    memory = s.get("memory_comparison", {})
+    against = (f" ({memory['ratio']:.2f}x BF16 full-weight distillation's)" if memory.get("measured") else "")
     return (f"{s['steps_run']} steps run to step {s['steps']} ({s['resume']}){critic}; {s['skipped_steps']} skipped; "
-            f"peak memory {s['peak_memory_mb']:.0f} MiB; {s['conversion']}")
+            f"peak memory {s['peak_memory_mb']:.0f} MiB{against}; {s['conversion']}")
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ class DistillDMDConfig:
     stats_every: int = 100  # latent statistics of generated samples against the teacher's; 0: never
     stats_samples: int = 2  # val-split prompts, fixed
     teacher_steps: int = 16  # the teacher's sampling steps for those statistics (its shifted schedule)
+    memory_comparison: bool = False  # after the run: one iteration's peak GPU memory against BF16 full weights
     nnodes: int = 1
     nproc: int = 1
     sharding: str = "full"  # full | hybrid (across nodes)
@@ -51,8 +52,8 @@ class DistillDMDConfig:
     keep_checkpoints: int = 2
     log_every: int = 1
 
-    RESUMABLE_ACROSS = ("steps", "stats_every", "stats_samples", "teacher_steps", "checkpoint_every",
-                        "keep_checkpoints", "log_every", "device")
+    RESUMABLE_ACROSS = ("steps", "stats_every", "stats_samples", "teacher_steps", "memory_comparison",
+                        "checkpoint_every", "keep_checkpoints", "log_every", "device")
 
     def validate(self, where: str) -> None:
         for key in ("steps", "generator_every", "latent_frames", "grad_frames", "nnodes", "nproc",

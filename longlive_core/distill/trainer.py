@@ -371,3 +371,26 @@ class DMDTrainer:
 def distill(cfg: DistillDMDConfig, inputs: DistillInputs, sink: MetricsSink | None = None,
             stop_after: int | None = None) -> dict:
     return DMDTrainer(cfg, inputs).run(sink, stop_after)
+
+
+def memory_comparison(cfg: DistillDMDConfig, inputs: DistillInputs, scratch: Path) -> dict:
+    """Collective: the peak GPU memory of one iteration (a generator and a critic step) of this
+    configuration against BF16 full-weight distillation (three whole copies, two of them trained)
+    on the same config, each from a fresh trainer; ``scratch`` takes their checkpoint folders.
+    Measured on CUDA only: a CPU process's peak RSS mixes in everything else it ever held."""
+    device = pick_device(cfg.device, "distill_dmd.device")
+    if device.type != "cuda":
+        return {"measured": False, "reason": "GPU memory is measured on CUDA devices only"}
+    one = dataclasses.replace(cfg, generator_every=1, stats_every=0)
+    peaks = {}
+    for name, full in (("configured", False), ("bf16_full_weights", True)):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        trainer = DMDTrainer(dataclasses.replace(one, recipe="bf16") if full else one,
+                             dataclasses.replace(inputs, checkpoints=scratch / name), full_weights=full)
+        trainer.train_step(0)
+        torch.cuda.synchronize(device)
+        peaks[name] = torch.cuda.max_memory_allocated(device) / 2**20
+        del trainer
+    return {"measured": True, "peak_mb": peaks["configured"], "bf16_full_weights_peak_mb": peaks["bf16_full_weights"],
+            "ratio": peaks["configured"] / peaks["bf16_full_weights"]}

@@ -10,7 +10,6 @@ a "generated" run also writes the generator's rollout of the first stats prompt 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -20,6 +19,7 @@ from safetensors.torch import save_file
 from longlive_core.config import from_mapping
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.trainer import DistillInputs, DMDTrainer
+from tests.helpers.worker import main_over_runs
 
 
 def run_one(spec: dict, out: Path) -> None:
@@ -52,15 +52,5 @@ def run_one(spec: dict, out: Path) -> None:
         (out / "summary.json").write_text(json.dumps(summary))
 
 
-def main() -> None:
-    spec_path, out = Path(sys.argv[1]), Path(sys.argv[2])
-    dist.init_process_group("gloo")
-    try:
-        for spec in json.loads(spec_path.read_text())["runs"]:
-            run_one(spec, out / spec["name"])
-    finally:
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    main_over_runs(run_one)

@@ -11,7 +11,6 @@ gradients of step 0's micro-batches (grads.safetensors) and the loss sum, withou
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ from longlive_core.config import from_mapping
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.parallelize import clean_name
 from longlive_core.train.trainer import Trainer, TrainInputs
+from tests.helpers.worker import main_over_runs
 
 
 def run_one(spec: dict, out: Path) -> None:
@@ -51,15 +51,5 @@ def run_one(spec: dict, out: Path) -> None:
         (out / "summary.json").write_text(json.dumps(summary))
 
 
-def main() -> None:
-    spec_path, out = Path(sys.argv[1]), Path(sys.argv[2])
-    dist.init_process_group("gloo")
-    try:
-        for spec in json.loads(spec_path.read_text())["runs"]:
-            run_one(spec, out / spec["name"])
-    finally:
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    main_over_runs(run_one)

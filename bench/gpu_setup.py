@@ -1,0 +1,33 @@
+"""What the GPU benchmarks share: random DiT weights made on the GPU, and a one-rank process group."""
+from __future__ import annotations
+
+import datetime
+import socket
+
+import torch
+import torch.distributed as dist
+
+from longlive_core.models.config import DiTConfig
+from longlive_core.models.wan_dit import WanDiT
+
+
+def random_dit_on_gpu(cfg: DiTConfig) -> WanDiT:
+    """A WanDiT of float32 N(0, 0.02) weights, made on the GPU and left there (a CPU init of a billion
+    parameters takes longer than a benchmark)."""
+    with torch.device("meta"):
+        model = WanDiT(cfg)
+    model.to_empty(device="cuda")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    return model
+
+
+def one_rank_group() -> None:
+    """GPU 0 as a world of one (NCCL), for the code that runs under FSDP2."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(minutes=30))
