@@ -1,0 +1,89 @@
+"""The prompt file of generation: shots, prompt changes inside a shot, and the frames each gets.
+
+One line per shot, optionally ``<seconds><TAB><prompt>`` (a line without a duration gets the
+default); a line starting with ``+`` changes the prompt inside the current shot, its duration the
+length of its part of the shot. Blank lines are skipped. Every new shot's prompt after the first
+gets "The scene transitions. " in front, as training's captions do. Frame counts follow MISSION.md's
+rule: a part of d seconds gets n = max(1, round(d * fps / (stride * F_c))) chunks of F_c latent
+frames, a shot is the sum of its parts' chunks, and a shot of N latent frames decodes (with a fresh
+VAE cache) to 1 + stride (N - 1) video frames.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from longlive_core.models.text import SCENE_TRANSITION
+
+
+class PromptFileError(ValueError):
+    """A line of the prompt file that cannot be read; the message names the line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    line: int  # 1-based line of the prompt file
+    shot: int
+    prompt: str  # as the text encoder gets it (the scene-transition prefix included)
+    duration_s: float
+    new_shot: bool  # False: a "+" line, a prompt change inside the shot
+
+
+@dataclasses.dataclass(frozen=True)
+class ShotPlan:
+    index: int
+    segments: tuple[Segment, ...]
+    chunks: tuple[int, ...]  # chunks of each segment
+    chunk_frames: int
+    temporal_stride: int
+
+    @property
+    def latent_frames(self) -> int:
+        return sum(self.chunks) * self.chunk_frames
+
+    @property
+    def video_frames(self) -> int:
+        return 1 + self.temporal_stride * (self.latent_frames - 1)
+
+
+def parse_prompts(text: str, default_duration_s: float, source: str = "the prompt file") -> list[Segment]:
+    segments: list[Segment] = []
+    shot = -1
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        where = f"{source}, line {number}"
+        change = raw.startswith("+")
+        if change and shot < 0:
+            raise PromptFileError(f"{where}: a '+' line changes the prompt inside a shot, and no shot starts before it")
+        body = raw[1:] if change else raw
+        duration = default_duration_s
+        if "\t" in body:
+            head, _, body = body.partition("\t")
+            try:
+                duration = float(head)
+            except ValueError:
+                raise PromptFileError(f"{where}: {head!r} before the tab is not a duration in seconds "
+                                      "(write 6.5<TAB>prompt, or the prompt alone)") from None
+            if not math.isfinite(duration) or duration <= 0:
+                raise PromptFileError(f"{where}: the duration must be a positive number of seconds; got {head!r}")
+        prompt = body.strip()
+        if not prompt:
+            raise PromptFileError(f"{where}: no prompt")
+        if not change:
+            shot += 1
+        prefix = SCENE_TRANSITION if not change and shot > 0 else ""
+        segments.append(Segment(number, shot, prefix + prompt, duration, not change))
+    if not segments:
+        raise PromptFileError(f"{source} holds no prompt")
+    return segments
+
+
+def plan_shots(segments: list[Segment], fps: float, chunk_frames: int, temporal_stride: int = 4) -> list[ShotPlan]:
+    """The chunks of every segment and the frames of every shot."""
+    per_chunk_s = temporal_stride * chunk_frames / fps
+    shots: dict[int, list[Segment]] = {}
+    for seg in segments:
+        shots.setdefault(seg.shot, []).append(seg)
+    return [ShotPlan(k, tuple(segs), tuple(max(1, round(s.duration_s / per_chunk_s)) for s in segs), chunk_frames,
+                     temporal_stride) for k, segs in sorted(shots.items())]
