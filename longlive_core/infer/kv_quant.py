@@ -1,0 +1,72 @@
+"""The NVFP4 KV cache: cached keys and values held as E2M1 codes with E4M3 scales per 16 elements of
+the head dimension (each token's own blocks) and one FP32 global scale per layer and written chunk,
+dequantized on read.
+
+K-smoothing (an option): the keys are stored minus a mean per layer and head, fixed from the first
+chunk written. Subtracting the same vector m from every key shifts each query's logits q.k by the
+same q.m, which softmax ignores: attention's output is unchanged in exact arithmetic, while the keys'
+per-channel offset (real keys have one) no longer eats the quantization's range. The chunk being
+generated reads its own keys minus the same mean. Four-Over-Six block scales are an option too.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from longlive_core.quant.nvfp4 import BLOCK, FourOverSix, decode_e2m1, quantize_nvfp4, unpack_codes
+
+
+@dataclasses.dataclass(frozen=True)
+class KVQuantConfig:
+    smooth_keys: bool = True
+    four_over_six: FourOverSix = None
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedChunk:
+    """One written chunk of one layer's keys or values, (B, H, T, D) as codes and scales."""
+    codes: torch.Tensor  # (B, H, T, D/2) uint8, element 2i in the low nibble
+    scales: torch.Tensor  # (B, H, T, D/16) float8_e4m3fn
+    encode_scale: torch.Tensor  # float32 scalar S_enc of the chunk: x ~ codes x scales / S_enc
+
+    @classmethod
+    def of(cls, x: torch.Tensor, four_over_six: FourOverSix = None) -> QuantizedChunk:
+        b, h, t, d = x.shape
+        if d % BLOCK:
+            raise ValueError(f"the head dimension {d} is not a multiple of {BLOCK}")
+        q = quantize_nvfp4(x.reshape(-1, d), four_over_six=four_over_six)
+        return cls(q.codes.view(b, h, t, d // 2), q.scales.view(b, h, t, d // BLOCK), q.encode_scale.reshape(()))
+
+    @property
+    def tokens(self) -> int:
+        return self.codes.shape[2]
+
+    def last(self, tokens: int) -> QuantizedChunk:
+        return QuantizedChunk(self.codes[:, :, -tokens:], self.scales[:, :, -tokens:], self.encode_scale)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        b, h, t, half = self.codes.shape
+        values = decode_e2m1(unpack_codes(self.codes)).view(b, h, t, 2 * half // BLOCK, BLOCK)
+        out = values * self.scales.float()[..., None] / self.encode_scale
+        return out.view(b, h, t, 2 * half).to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() + self.scales.numel() + 4
+
+
+def dequantize_all(chunks: list[QuantizedChunk], dtype: torch.dtype) -> torch.Tensor | None:
+    return torch.cat([c.dequantize(dtype) for c in chunks], dim=2) if chunks else None
+
+
+def keep_last(chunks: list[QuantizedChunk], tokens: int) -> list[QuantizedChunk]:
+    """The newest ``tokens`` tokens of a layer's chunks (whole chunks dropped, the oldest kept one cut)."""
+    kept, total = [], 0
+    for chunk in reversed(chunks):
+        if total >= tokens:
+            break
+        take = min(chunk.tokens, tokens - total)
+        kept.append(chunk if take == chunk.tokens else chunk.last(take))
+        total += take
+    return kept[::-1]
