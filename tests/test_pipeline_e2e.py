@@ -101,8 +101,8 @@ def test_ingest_reruns_cheaply_and_sees_new_and_removed_files(demo_repro, tmp_pa
     pipeline = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["dvc.stage"] == "pipeline"]
     assert len(pipeline) == 1
     assert pipeline[0].data.tags["stage.ingest.run_id"] == report(repo, "ingest")["mlflow_run_id"]
-    with sqlite3.connect(repo / "mlflow.db") as db:  # 8 stages, then 2 + 1 + 1 reruns, and the pipeline
-        assert db.execute("select count(*) from runs").fetchone()[0] == 13
+    with sqlite3.connect(repo / "mlflow.db") as db:  # 10 stages, then 2 + 1 + 1 reruns, and the pipeline
+        assert db.execute("select count(*) from runs").fetchone()[0] == 15
 
 
 def test_shots_finds_the_known_cuts_and_links_its_clips_from_the_dvc_cache(demo_repro, tmp_path):
