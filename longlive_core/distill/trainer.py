@@ -115,11 +115,14 @@ class DMDTrainer:
         cfg.check_chunk(self.chunk)
         self.rollout_cfg: RolloutConfig = cfg.rollout(self.chunk)
         shot_offset = int(ar["multi_shot"]["shot_rope_offset"])
-        self.prompts = LatentSamples(inputs.latents, "train", self.chunk, shot_offset)
+        # every window exactly latent_frames long: each rank then runs as many forwards per step (FSDP's
+        # gathers are collective), whatever prompt it drew
+        self.prompts = LatentSamples(inputs.latents, "train", self.chunk, shot_offset, align=cfg.latent_frames)
         if not len(self.prompts):
-            raise ConfigError(f"no train-split sample in {inputs.latents} has a whole {self.chunk}-frame chunk: "
-                              "encode more data")
-        val = LatentSamples(inputs.latents, "val", self.chunk, shot_offset)
+            raise ConfigError(f"no train-split sample in {inputs.latents} has distill_dmd.latent_frames "
+                              f"({cfg.latent_frames}) latent frames ({self.prompts.too_short} shorter): lower it or "
+                              "encode longer samples")
+        val = LatentSamples(inputs.latents, "val", self.chunk, shot_offset, align=cfg.latent_frames)
         self.stats_prompts = val if len(val) else self.prompts
         empty = inputs.latents / EMPTY_PROMPT
         if not empty.is_file():
