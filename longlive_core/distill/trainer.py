@@ -47,8 +47,7 @@ from longlive_core.progress import Progress
 from longlive_core.train.checkpointing import CheckpointStore, agree
 from longlive_core.train.data import LatentSamples, TrainSample, generator_for
 from longlive_core.train.flow import FlowMatching
-from longlive_core.train.forward import teacher_forcing_velocity
-from longlive_core.train.layout import TeacherForcingLayout
+from longlive_core.train.forward import layout_of, teacher_forcing_velocity
 from longlive_core.train.parallelize import apply_activation_checkpointing, apply_fsdp, device_mesh
 from longlive_core.train.trainer import MetricsSink, peak_memory_mb, sum_over_ranks
 
@@ -191,22 +190,21 @@ class DMDTrainer:
         noise = torch.randn(x.shape, generator=g).to(self.device)
         return (1 - sigma[..., None, None, None]) * x + sigma[..., None, None, None] * noise, noise, sigma
 
-    def _x0(self, model: WanDiT, layout: TeacherForcingLayout, x: torch.Tensor, x_t: torch.Tensor,
-            sigma: torch.Tensor, s: TrainSample, text: torch.Tensor | None = None) -> torch.Tensor:
-        """A score's x0 for every frame of x_t, the generated x as the clean context; ``text`` (1, T, D)
-        replaces the captions (the empty prompt)."""
-        chunk_sigma = sigma.expand(1, layout.chunks)
-        v = teacher_forcing_velocity(model, layout, x, x_t, chunk_sigma, s.text if text is None else text,
-                                     s.shot_of_frame, s.positions, self.dtype)
-        return x_t - sigma[..., None, None, None] * v
+    def _velocity(self, model: WanDiT, x: torch.Tensor, x_t: torch.Tensor, sigma: torch.Tensor, s: TrainSample,
+                  text: torch.Tensor | None = None) -> torch.Tensor:
+        """A score's velocity for every frame of x_t in the teacher-forcing layout, the generated x as the
+        clean context; ``text`` (1, T, D) replaces the captions (the empty prompt)."""
+        layout = layout_of(model, s, self.chunk)
+        return teacher_forcing_velocity(model, layout, x, x_t, sigma.expand(1, layout.chunks),
+                                        s.text if text is None else text, s.shot_of_frame, s.positions, self.dtype)
 
-    def _layout(self, model: WanDiT, s: TrainSample) -> TeacherForcingLayout:
-        _, f, h, w = s.latents.shape
-        _, ph, pw = model.cfg.patch_size
-        return TeacherForcingLayout(f, self.chunk, (h // ph) * (w // pw), s.text.shape[1])
+    def _x0(self, model: WanDiT, x: torch.Tensor, x_t: torch.Tensor, sigma: torch.Tensor, s: TrainSample,
+            text: torch.Tensor | None = None) -> torch.Tensor:
+        return x_t - sigma[..., None, None, None] * self._velocity(model, x, x_t, sigma, s, text)
 
     # ------------------------------------------------------------------ steps
-    def critic_loss(self, prompt: Prompt, key: tuple, exit_index: int) -> torch.Tensor:
+    def critic_pass(self, prompt: Prompt, key: tuple, exit_index: int) -> torch.Tensor:
+        """The critic's flow loss on a fresh, detached rollout."""
         with self._phase("critic/rollout"), self.roles.generator() as generator, torch.no_grad():
             x = self.generate(generator, prompt, ("critic", *key), exit_index)
         with self._phase("critic/fake_score"):
@@ -218,13 +216,10 @@ class DMDTrainer:
         or the real one's."""
         x_t, noise, sigma = self._noised(x, key, u)
         with getattr(self.roles, role)() as model:
-            s = prompt.sample
-            chunk_sigma = sigma.expand(1, x.shape[2] // self.chunk)
-            v = teacher_forcing_velocity(model, self._layout(model, s), x, x_t, chunk_sigma, s.text, s.shot_of_frame,
-                                         s.positions, self.dtype)
+            v = self._velocity(model, x, x_t, sigma, prompt.sample)
         return critic_loss(v, x, noise)
 
-    def generator_loss(self, prompt: Prompt, key: tuple, exit_index: int) -> tuple[torch.Tensor, float]:
+    def generator_pass(self, prompt: Prompt, key: tuple, exit_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The DMD loss of a rollout with gradient, and the mean |DMD gradient| (after normalisation)."""
         cfg, s = self.cfg, prompt.sample
         with self._phase("generator/rollout"), self.roles.generator() as generator:
@@ -232,14 +227,13 @@ class DMDTrainer:
         x_t, _, sigma = self._noised(x.detach(), ("generator", *key))
         with torch.no_grad():
             with self._phase("generator/fake_score"), self.roles.fake() as fake:
-                layout = self._layout(fake, s)
-                fake_x0 = self._x0(fake, layout, x.detach(), x_t, sigma, s)
+                fake_x0 = self._x0(fake, x.detach(), x_t, sigma, s)
                 if cfg.fake_guidance:
-                    fake_x0 = guided(fake_x0, self._x0(fake, layout, x.detach(), x_t, sigma, s, self.empty_text),
+                    fake_x0 = guided(fake_x0, self._x0(fake, x.detach(), x_t, sigma, s, self.empty_text),
                                      cfg.fake_guidance)
             with self._phase("generator/real_score"), self.roles.real() as real:
-                cond = self._x0(real, layout, x.detach(), x_t, sigma, s)
-                uncond = self._x0(real, layout, x.detach(), x_t, sigma, s, self.empty_text)
+                cond = self._x0(real, x.detach(), x_t, sigma, s)
+                uncond = self._x0(real, x.detach(), x_t, sigma, s, self.empty_text)
             grad = dmd_gradient(x.detach(), fake_x0, guided(cond, uncond, cfg.real_guidance), self.chunk)
         return generator_loss(x, grad), grad.abs().mean()
 
@@ -268,14 +262,14 @@ class DMDTrainer:
         metrics: dict[str, float] = {"exit_index": exit_index}
         skipped = 0
         if is_generator_step(step, cfg.generator_every):
-            loss, grad_abs = self.generator_loss(prompt, key, exit_index)
+            loss, grad_abs = self.generator_pass(prompt, key, exit_index)
             # activation checkpointing recomputes the rollout's exit steps in the backward: with the generator's adapter
             with self.roles.generator():
                 mean, norm, ok = self._optimizer_step("generator", loss, self.roles.generator_params(),
                                                       self.generator_opt, cfg.generator_optimizer.grad_clip)
             metrics.update({"dmd_loss": mean, "generator_grad_norm": norm, "dmd_grad_mean_abs": float(grad_abs)})
             skipped += not ok
-        loss = self.critic_loss(prompt, key, exit_index)
+        loss = self.critic_pass(prompt, key, exit_index)
         mean, norm, ok = self._optimizer_step("critic", loss, self.roles.critic_params(), self.critic_opt,
                                               cfg.critic_optimizer.grad_clip)
         metrics.update({"critic_loss": mean, "critic_grad_norm": norm})

@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -47,7 +48,6 @@ def block_mask_for(mask_mod: MaskMod, q_len: int, kv_len: int, device: torch.dev
     """The FlexAttention block mask of a mask_mod at these lengths, built once and shared by every
     layer and call that uses the same mask_mod object. So a mask_mod must be a pure function of its
     indices: one that reads a tensor changed in place later would get its old mask."""
-    import torch._dynamo
     from torch.nn.attention.flex_attention import create_block_mask
     if device.type != "cuda":
         return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device)
@@ -60,8 +60,6 @@ def block_mask_for(mask_mod: MaskMod, q_len: int, kv_len: int, device: torch.dev
 
 
 def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
-    import torch._dynamo
-
     block_mask = None if mask_mod is None else block_mask_for(mask_mod, q.shape[2], k.shape[2], q.device)
     # chunk-by-chunk generation calls it with many (query, key) lengths, with and without a mask and a
     # gradient: past dynamo's default of 8 recompilations it would run flex eagerly, which materialises

@@ -4,8 +4,16 @@ from __future__ import annotations
 import torch
 
 from longlive_core.models.wan_dit import WanDiT
+from longlive_core.train.data import TrainSample
 from longlive_core.train.flow import FlowMatching
 from longlive_core.train.layout import TeacherForcingLayout
+
+
+def layout_of(model: WanDiT, sample: TrainSample, chunk: int, sp: int = 1) -> TeacherForcingLayout:
+    """The teacher-forcing layout of ``sample``'s whole window for ``model`` (split over ``sp`` ranks)."""
+    _, _, h, w = sample.latents.shape
+    _, ph, pw = model.cfg.patch_size
+    return TeacherForcingLayout(sample.window_frames, chunk, (h // ph) * (w // pw), sample.text.shape[1], sp)
 
 
 def teacher_forcing_velocity(model: WanDiT, layout: TeacherForcingLayout, clean: torch.Tensor, noisy: torch.Tensor,

@@ -39,7 +39,7 @@ from longlive_core.train.ema import EMA
 from longlive_core.train.error_recycling import ErrorRecycler, InjectionDraws
 from longlive_core.train.flops import peak_tflops, step_flops
 from longlive_core.train.flow import FlowMatching
-from longlive_core.train.forward import teacher_forcing_velocity
+from longlive_core.train.forward import layout_of, teacher_forcing_velocity
 from longlive_core.train.layout import TeacherForcingLayout
 from longlive_core.train.parallelize import (
     apply_activation_checkpointing,
@@ -99,13 +99,6 @@ def draw_batch(data: LatentSamples, cfg: TrainARConfig, flow: FlowMatching, key:
     return Batch(key, sample, t_index, flow.sigmas(t_index), noise, injection)
 
 
-def layout_of(model: WanDiT, batch: Batch, chunk: int, sp: int = 1) -> TeacherForcingLayout:
-    _, _, h, w = batch.sample.latents.shape
-    _, ph, pw = model.cfg.patch_size
-    return TeacherForcingLayout(batch.sample.window_frames, chunk, (h // ph) * (w // pw), batch.sample.text.shape[1],
-                                sp)
-
-
 def check_inputs(model: WanDiT, sample: TrainSample) -> None:
     cfg = model.cfg
     if sample.latents.shape[0] != cfg.in_channels:
@@ -127,7 +120,7 @@ def sample_loss(model: WanDiT, batch: Batch, flow: FlowMatching, chunk: int, dev
     over this rank's frames under sequence parallelism (the sample's loss is the mean over its ranks).
     With a ``recycler``, stored errors go into the inputs and the new ones are queued."""
     s = batch.sample
-    layout = layout_of(model, batch, chunk, shard.size)
+    layout = layout_of(model, batch.sample, chunk, shard.size)
     lo, hi = layout.frame_range(shard.rank)
     chunks = list(range(lo // chunk, hi // chunk))
     x0 = s.latents[None].to(device, non_blocking=True)  # pinned by the prefetch: the copy does not wait
