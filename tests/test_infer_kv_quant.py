@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from longlive_core.infer.kv_cache import KVCache
-from longlive_core.infer.kv_quant import KVQuantConfig, QuantizedChunk, dequantize_all, keep_last
+from longlive_core.infer.kv_cache import KVCache, select
+from longlive_core.infer.kv_quant import KVQuantConfig, QuantizedChunk, dequantize_all
 from longlive_core.models.attention import attend
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
@@ -29,8 +29,9 @@ def test_bytes_per_token_and_round_trip_at_the_5b_head_shape():
     back = q.dequantize(torch.float32)
     assert float((back - x.float()).norm() / x.float().norm()) < 0.12
     two = [q, QuantizedChunk.of(x[:, :, :100])]
-    assert [c.tokens for c in keep_last(two, 150)] == [50, 100]
-    assert torch.equal(dequantize_all(keep_last(two, 150), torch.float32)[:, :, :50], back[:, :, -50:])
+    kept = select(two, [(830, 980)])  # the last 150 tokens
+    assert [c.tokens for c in kept] == [50, 100]
+    assert torch.equal(dequantize_all(kept, torch.float32)[:, :, :50], back[:, :, -50:])
 
 
 def test_smoothing_is_exact_in_exact_arithmetic_and_cuts_the_error_of_offset_keys():
@@ -64,10 +65,10 @@ def test_a_chunk_read_through_the_nvfp4_cache_stays_close_and_the_window_holds()
         try:
             with torch.no_grad():
                 for c in range(chunks):
-                    cache.writing = True
                     part = slice(c * chunk, (c + 1) * chunk)
-                    model(clean[:, :, part], torch.zeros(1), text, frame_positions=torch.arange(part.start, part.stop))
-                    cache.writing = False
+                    with cache.write(chunk):
+                        model(clean[:, :, part], torch.zeros(1), text,
+                              frame_positions=torch.arange(part.start, part.stop))
                     assert cache.frames == min((c + 1) * chunk, 2 * chunk)  # never past the window
                 positions = torch.arange(chunks * chunk, (chunks + 1) * chunk)
                 outs[name] = model(noisy, torch.tensor([500.0]), text, frame_positions=positions)

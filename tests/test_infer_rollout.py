@@ -66,9 +66,8 @@ def test_cached_chunk_equals_its_teacher_forcing_prediction(model, window_chunks
                 pred = model(noisy[:, :, part], t[:, c], text, frame_positions=positions[part])
                 expected = layout.noisy_part(full)[:, :, part]
                 torch.testing.assert_close(pred, expected, rtol=1e-4, atol=1e-5, msg=f"chunk {c}")
-                cache.writing = True
-                model(x0[:, :, part], torch.zeros(1), text, frame_positions=positions[part])
-                cache.writing = False
+                with cache.write(CHUNK):
+                    model(x0[:, :, part], torch.zeros(1), text, frame_positions=positions[part])
                 held = (c + 1) * CHUNK if window_chunks is None else min((c + 1) * CHUNK, window_chunks * CHUNK)
                 assert cache.frames == held
         finally:

@@ -1,76 +1,186 @@
-"""The self-attention KV cache of chunk-by-chunk generation.
+"""The self-attention KV cache of chunk-by-chunk generation, with the multi-shot attention sink.
 
 Generation runs the model on one chunk of latent frames at a time. Each block's self-attention
 reads the keys and values of the clean chunks made before (the cache) and of the chunk itself, with
 no mask: exactly what a noisy chunk sees in teacher-forcing training (itself and the clean chunks
 before it), and what a clean chunk sees there (the clean chunks up to itself) when the finished
-chunk is run once more at t = 0 to write its own keys and values. The cache keeps at most
-``window`` latent frames (a rolling local window; None: everything), dropping the oldest frames;
-optionally in NVFP4 (``kv_quant.py``).
+chunk is run once more at t = 0 to write its own keys and values.
+
+The cache holds at most ``window`` latent frames (None: everything). When a write would pass it,
+the oldest frames go, except the two sinks (REFERENCE.md §1): the global sink, the first
+``global_frames`` of the video, and the shot sink, the first ``shot_frames`` of the current shot.
+The sinks are spans (start, length) over the frames the cache holds, not copies: a new shot
+(``start_shot``) moves the shot sink's start to where the shot's first frame will be written, and
+the previous shot's sink frames age out like any other. The current chunk therefore attends to at
+most ``window`` + its own frames of keys. Keys and values may be held in NVFP4 (``kv_quant.py``).
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import torch
 
-from longlive_core.infer.kv_quant import KVQuantConfig, QuantizedChunk, dequantize_all, keep_last
+from longlive_core.infer.kv_quant import KVQuantConfig, QuantizedChunk
 from longlive_core.models.attention import MaskMod, attend
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkConfig:
+    global_frames: int = 0  # S_g: the video's first latent frames, kept for the whole video
+    shot_frames: int = 0  # S_s: the current shot's first latent frames, kept while the shot lasts
+
+    def __post_init__(self) -> None:
+        if self.global_frames < 0 or self.shot_frames < 0:
+            raise ValueError(f"sink lengths must be at least 0; got {self}")
+
+    def check(self, window: int | None, chunk_frames: int) -> None:
+        """The window must hold both sinks and the newest chunk, or the sinks would crowd it out."""
+        need = self.global_frames + self.shot_frames + chunk_frames
+        if window is not None and window < need:
+            raise ValueError(f"a KV window of {window} latent frames cannot hold the global sink "
+                             f"({self.global_frames}), the shot sink ({self.shot_frames}) and a {chunk_frames}-frame "
+                             f"chunk: make the window at least {need}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """Frames [start, start + length) of the cache."""
+    start: int = 0
+    length: int = 0
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.length
+
+    def __contains__(self, frame: int) -> bool:
+        return self.start <= frame < self.stop
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainChunk:
+    """Written keys or values of one layer, (B, H, T, D), as computed."""
+    data: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        return self.data.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    def slice(self, lo: int, hi: int) -> PlainChunk:
+        part = self.data[:, :, lo:hi]
+        return self if hi - lo == self.tokens else PlainChunk(part.clone())  # a view would pin the whole chunk
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.data.to(dtype)
 
 
 class KVCache:
     def __init__(self, num_layers: int, tokens_per_frame: int, window: int | None = None,
-                 quant: KVQuantConfig | None = None):
+                 quant: KVQuantConfig | None = None, sink: SinkConfig = SinkConfig()):
         """``quant``: hold the cached keys and values in NVFP4 (``infer/kv_quant.py``); None: as computed."""
         if window is not None and window < 1:
             raise ValueError(f"the cache window must be at least one latent frame; got {window}")
-        self.num_layers, self.tokens_per_frame, self.window, self.quant = num_layers, tokens_per_frame, window, quant
-        # per layer: a (B, H, T, D) tensor, or under ``quant`` the list of its written chunks
-        self.keys: list = [None] * num_layers
-        self.values: list = [None] * num_layers
+        self.num_layers, self.tokens_per_frame, self.window = num_layers, tokens_per_frame, window
+        self.quant, self.sink = quant, sink
+        # per layer, the written chunks in time order (PlainChunk, or QuantizedChunk under ``quant``)
+        self.keys: list[list] = [[] for _ in range(num_layers)]
+        self.values: list[list] = [[] for _ in range(num_layers)]
         self.key_mean: list[torch.Tensor | None] = [None] * num_layers  # K-smoothing's, from the first chunk
-        self.writing = False
-
-    def _tokens(self, index: int) -> int:
-        held = self.keys[index]
-        if held is None:
-            return 0
-        return held.shape[2] if isinstance(held, torch.Tensor) else sum(c.tokens for c in held)
+        self.frames = 0  # latent frames held (every layer, once a write pass is complete)
+        self.video_frames = 0  # latent frames written since the video began
+        self.global_sink, self.shot_sink = Span(), Span()
+        self._keep: list[tuple[int, int]] | None = None  # frame ranges the running write pass keeps
+        self._new_frames = 0
 
     @property
-    def frames(self) -> int:
-        """Latent frames held (the same in every layer once a write pass is complete)."""
-        return self._tokens(0) // self.tokens_per_frame
+    def writing(self) -> bool:
+        return self._keep is not None
 
     @property
     def nbytes(self) -> int:
         """Bytes the cached keys and values take, every layer."""
-        total = 0
-        for held in self.keys + self.values:
-            if isinstance(held, torch.Tensor):
-                total += held.numel() * held.element_size()
-            elif held is not None:
-                total += sum(c.nbytes for c in held)
-        return total
+        return sum(c.nbytes for held in self.keys + self.values for c in held)
 
     def for_layer(self, index: int) -> CachedAttention:
         return CachedAttention(self, index)
 
+    def start_shot(self) -> None:
+        """The next frames written begin a new shot: the shot sink moves to them."""
+        if self.writing:
+            raise RuntimeError("a shot cannot start in the middle of a write pass")
+        self.shot_sink = Span(self.frames, 0)
+
+    @contextlib.contextmanager
+    def write(self, frames: int):
+        """Within it, one forward over ``frames`` new latent frames appends their keys and values to
+        every layer, dropping what the window no longer holds."""
+        if self.writing:
+            raise RuntimeError("write passes do not nest")
+        self.sink.check(self.window, frames)
+        total = self.frames + frames
+        grown = Span(self.global_sink.start, min(self.sink.global_frames, self.video_frames + frames))
+        shot = Span(self.shot_sink.start, min(self.sink.shot_frames, total - self.shot_sink.start))
+        keep = self._kept(total, [grown, shot])
+        self._keep, self._new_frames = keep, frames
+        try:
+            yield
+            if any(len(k) != len(self.keys[0]) for k in self.keys):
+                raise RuntimeError("a write pass must run every layer once")
+        finally:
+            self._keep = None
+        moved = lambda s: Span(sum(min(hi, s.start) - lo for lo, hi in keep if lo < s.start), s.length)  # noqa: E731
+        self.global_sink, self.shot_sink = moved(grown), moved(shot)
+        self.frames = sum(hi - lo for lo, hi in keep)
+        self.video_frames += frames
+
+    def _kept(self, total: int, sinks: list[Span]) -> list[tuple[int, int]]:
+        """The frame ranges of [held; new] that stay: every frame while they fit the window, else the
+        sinks and the newest of the rest."""
+        if self.window is None or total <= self.window:
+            return [(0, total)]
+        pinned = [f for f in range(total) if any(f in s for s in sinks)]
+        rest = [f for f in range(total) if not any(f in s for s in sinks)]
+        kept = sorted(pinned + rest[len(rest) - (self.window - len(pinned)):])
+        ranges: list[tuple[int, int]] = []
+        for f in kept:
+            if ranges and ranges[-1][1] == f:
+                ranges[-1] = (ranges[-1][0], f + 1)
+            else:
+                ranges.append((f, f + 1))
+        return ranges
+
     def _append(self, index: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        keep = None if self.window is None else self.window * self.tokens_per_frame
         k, v = k.detach(), v.detach()
-        if self.quant is None:
-            old_k, old_v = self.keys[index], self.values[index]
-            k = k if old_k is None else torch.cat([old_k, k], dim=2)
-            v = v if old_v is None else torch.cat([old_v, v], dim=2)
-            self.keys[index], self.values[index] = (k, v) if keep is None else (k[:, :, -keep:], v[:, :, -keep:])
-            return
-        if self.quant.smooth_keys and self.key_mean[index] is None:
-            self.key_mean[index] = k.float().mean(dim=(0, 2), keepdim=True)  # (1, H, 1, D)
-        k = smoothed(k, self.key_mean[index])
-        fos = self.quant.four_over_six
-        keys = (self.keys[index] or []) + [QuantizedChunk.of(k, fos)]
-        values = (self.values[index] or []) + [QuantizedChunk.of(v, fos)]
-        self.keys[index], self.values[index] = ((keys, values) if keep is None else
-                                                (keep_last(keys, keep), keep_last(values, keep)))
+        if self.quant is not None:
+            if self.quant.smooth_keys and self.key_mean[index] is None:
+                self.key_mean[index] = k.float().mean(dim=(0, 2), keepdim=True)  # (1, H, 1, D)
+            k = smoothed(k, self.key_mean[index])
+            fos = self.quant.four_over_six
+            new_k, new_v = QuantizedChunk.of(k, fos), QuantizedChunk.of(v, fos)
+        else:
+            new_k, new_v = PlainChunk(k), PlainChunk(v)
+        tpf = self.tokens_per_frame
+        ranges = [(lo * tpf, hi * tpf) for lo, hi in self._keep]
+        self.keys[index] = select(self.keys[index] + [new_k], ranges)
+        self.values[index] = select(self.values[index] + [new_v], ranges)
+
+
+def select(chunks: list, ranges: list[tuple[int, int]]) -> list:
+    """The token ranges (over the chunks laid end to end) of a layer's chunks, cut where a range
+    ends inside one."""
+    out, offset = [], 0
+    for chunk in chunks:
+        end = offset + chunk.tokens
+        for lo, hi in ranges:
+            a, b = max(lo, offset), min(hi, end)
+            if a < b:
+                out.append(chunk.slice(a - offset, b - offset))
+        offset = end
+    return out
 
 
 def smoothed(k: torch.Tensor, mean: torch.Tensor | None) -> torch.Tensor:
@@ -91,13 +201,10 @@ class CachedAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
         if mask_mod is not None:
             raise ValueError("cached attention takes no mask: the cache holds exactly what the chunk may see")
-        past_k, past_v = self.past_k, self.past_v
-        if isinstance(past_k, list):  # NVFP4: dequantized on read; the chunk's own keys smoothed alike
-            past_k, past_v = dequantize_all(past_k, k.dtype), dequantize_all(past_v, v.dtype)
-        full_k = smoothed(k, self.key_mean)
-        full_k = full_k if past_k is None else torch.cat([past_k.to(k.dtype), full_k], dim=2)
-        full_v = v if past_v is None else torch.cat([past_v.to(v.dtype), v], dim=2)
-        out = attend(q, full_k, full_v, None)
+        # the chunk's own keys minus the same K-smoothing mean as the cached ones (NVFP4 only)
+        full_k = torch.cat([c.dequantize(k.dtype) for c in self.past_k] + [smoothed(k, self.key_mean)], dim=2)
+        full_v = torch.cat([c.dequantize(v.dtype) for c in self.past_v] + [v], dim=2)
+        out = attend(q, full_k, full_v, None, backend="sdpa")  # no mask: dense flash attention where there is one
         if self.writing:
             self.cache._append(self.index, k, v)
         return out

@@ -42,8 +42,11 @@ class QuantizedChunk:
     def tokens(self) -> int:
         return self.codes.shape[2]
 
-    def last(self, tokens: int) -> QuantizedChunk:
-        return QuantizedChunk(self.codes[:, :, -tokens:], self.scales[:, :, -tokens:], self.encode_scale)
+    def slice(self, lo: int, hi: int) -> QuantizedChunk:
+        """Tokens [lo, hi), copied unless whole (a view would pin the whole chunk's memory)."""
+        if hi - lo == self.tokens:
+            return self
+        return QuantizedChunk(self.codes[:, :, lo:hi].clone(), self.scales[:, :, lo:hi].clone(), self.encode_scale)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         b, h, t, half = self.codes.shape
@@ -59,14 +62,3 @@ class QuantizedChunk:
 def dequantize_all(chunks: list[QuantizedChunk], dtype: torch.dtype) -> torch.Tensor | None:
     return torch.cat([c.dequantize(dtype) for c in chunks], dim=2) if chunks else None
 
-
-def keep_last(chunks: list[QuantizedChunk], tokens: int) -> list[QuantizedChunk]:
-    """The newest ``tokens`` tokens of a layer's chunks (whole chunks dropped, the oldest kept one cut)."""
-    kept, total = [], 0
-    for chunk in reversed(chunks):
-        if total >= tokens:
-            break
-        take = min(chunk.tokens, tokens - total)
-        kept.append(chunk if take == chunk.tokens else chunk.last(take))
-        total += take
-    return kept[::-1]

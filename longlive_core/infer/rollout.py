@@ -62,7 +62,7 @@ def rollout(model: WanDiT, noise: torch.Tensor, text: torch.Tensor | Sequence[to
     read their own shot's caption); ``positions`` (F,) RoPE frame positions (default 0..F-1, shot
     offsets are the caller's). Self-forcing: every chunk exits at step ``exit_index``, and the chunks
     from ``grad_from_chunk`` on carry the gradient of that step (None: no gradient anywhere)."""
-    b, _, frames, h, w = noise.shape
+    _, _, frames, h, w = noise.shape
     if frames % cfg.chunk_frames:
         raise ValueError(f"{frames} latent frames are not a whole number of {cfg.chunk_frames}-frame chunks")
     n = frames // cfg.chunk_frames
@@ -83,12 +83,16 @@ def rollout(model: WanDiT, noise: torch.Tensor, text: torch.Tensor | Sequence[to
                                exit_index, grad, dtype)
             chunks.append(x0)
             if c + 1 < n:
-                with torch.no_grad():
-                    cache.writing = True
-                    model(x0.detach().to(dtype or x0.dtype), torch.zeros(b, device=noise.device), texts[c],
-                          frame_positions=positions[part])
-                    cache.writing = False
+                write_chunk(model, cache, x0, texts[c], positions[part], dtype)
     finally:
-        cache.writing = False
         model.attention_fn = saved
     return torch.cat(chunks, dim=2)
+
+
+@torch.no_grad()
+def write_chunk(model: WanDiT, cache: KVCache, x0: torch.Tensor, text: torch.Tensor, positions: torch.Tensor,
+                dtype: torch.dtype | None = None) -> None:
+    """The finished chunk once more at t = 0: its clean keys and values go into the cache."""
+    with cache.write(x0.shape[2]):
+        model(x0.detach().to(dtype or x0.dtype), torch.zeros(x0.shape[0], device=x0.device), text,
+              frame_positions=positions)

@@ -1,0 +1,68 @@
+"""The multi-shot attention sink: which frames the KV cache keeps across shots and prompt changes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from longlive_core.infer.kv_cache import KVCache, SinkConfig
+from longlive_core.infer.kv_quant import KVQuantConfig
+
+CHUNK = 2
+
+
+def held(cache: KVCache) -> list[int]:
+    """The video frames the cache holds, in cache order (each key carries its frame number in binary,
+    which NVFP4 holds exactly)."""
+    keys = torch.cat([c.dequantize(torch.float32) for c in cache.keys[0]], dim=2)[0, 0]
+    return [int((row.round() * 2 ** torch.arange(16)).sum()) for row in keys]
+
+
+def write(cache: KVCache, first: int) -> int:
+    """One chunk of frames first, first + 1 through layer 0's attention; returns the keys it read."""
+    frames = torch.arange(first, first + CHUNK)
+    k = ((frames[:, None] >> torch.arange(16)) & 1).float()[None, None]
+    seen = {}
+    with cache.write(CHUNK):
+        attn = cache.for_layer(0)
+        seen["keys"] = sum(c.tokens for c in attn.past_k) + CHUNK
+        attn(torch.zeros(1, 1, CHUNK, 16), k.contiguous(), k.contiguous(), None)
+    return seen["keys"]
+
+
+@pytest.mark.parametrize("quant", [None, KVQuantConfig(smooth_keys=False)])
+def test_sinks_are_pointers_that_follow_shots_and_ignore_prompt_changes(quant):
+    cache = KVCache(1, 1, window=8, quant=quant, sink=SinkConfig(global_frames=2, shot_frames=2))
+    for first in range(0, 10, CHUNK):  # shot 0: frames 0..9
+        assert write(cache, first) <= 8 + CHUNK
+    assert held(cache) == [0, 1, 4, 5, 6, 7, 8, 9]
+    assert (cache.global_sink.start, cache.global_sink.length) == (0, 2)
+
+    cache.start_shot()  # shot 1 begins at frame 10
+    write(cache, 10)
+    assert held(cache) == [0, 1, 6, 7, 8, 9, 10, 11]
+    assert held(cache)[cache.shot_sink.start:cache.shot_sink.stop] == [10, 11]
+    write(cache, 12)
+    assert held(cache) == [0, 1, 8, 9, 10, 11, 12, 13]
+    write(cache, 14)  # a '+' line: the prompt changes, the shot and its sink stay
+    assert held(cache) == [0, 1, 10, 11, 12, 13, 14, 15]
+    assert held(cache)[cache.shot_sink.start:cache.shot_sink.stop] == [10, 11]
+
+    cache.start_shot()  # shot 2: shot 1's sink ages out like any frame
+    write(cache, 16)
+    assert held(cache) == [0, 1, 12, 13, 14, 15, 16, 17]
+    assert held(cache)[cache.shot_sink.start:cache.shot_sink.stop] == [16, 17]
+    for first in range(18, 40, CHUNK):
+        assert write(cache, first) <= 8 + CHUNK
+        assert cache.frames <= 8
+    assert held(cache) == [0, 1, 16, 17, 36, 37, 38, 39]
+    assert cache.nbytes == sum(c.nbytes for c in cache.keys[0] + cache.values[0])
+
+
+def test_without_sinks_the_window_rolls_and_a_window_too_small_for_the_sinks_is_refused():
+    cache = KVCache(1, 1, window=4)
+    for first in range(0, 12, CHUNK):
+        write(cache, first)
+    assert held(cache) == [8, 9, 10, 11]
+    small = KVCache(1, 1, window=5, sink=SinkConfig(2, 2))
+    with pytest.raises(ValueError, match="at least 6"):
+        write(small, 0)
