@@ -37,15 +37,8 @@ from longlive_core.devices import pick_device
 from longlive_core.io.atomic import TMP_PREFIX, atomic_path, remove_unreferenced, write_parquet
 from longlive_core.latents.files import EMPTY_PROMPT
 from longlive_core.latents.halo import Chunk, plan_chunks, receptive_field_latents
-from longlive_core.models.text import check_text_encoder_dir, load_text_encoder, shot_prompts, tiny_text_encoder
-from longlive_core.models.vae import (
-    TEMPORAL_STRIDE,
-    build_vae,
-    check_vae_dir,
-    encode_video,
-    frames_to_input,
-    load_vae,
-)
+from longlive_core.models.text import check_text_encoder_dir, shot_prompts, text_dtype, text_encoder_from
+from longlive_core.models.vae import TEMPORAL_STRIDE, check_vae_dir, encode_video, frames_to_input, vae_from
 from longlive_core.models.weights import CheckpointError, weights_identity
 from longlive_core.progress import Progress
 from longlive_core.shots.clips import iter_timed_frames, read_clip
@@ -135,29 +128,10 @@ class Comm:
         return bool(flag.item())
 
 
-def text_dtype(device: torch.device) -> torch.dtype:
-    """umT5 runs in bfloat16 on GPUs (as Wan runs it; umT5-XXL is 22 GB in float32), float32 on the CPU."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def make_vae(cfg: EncodeLatentsConfig, device: torch.device):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)  # the tiny VAE's random weights are the same on every rank and every run
-        vae = build_vae("tiny") if cfg.vae == "tiny" else load_vae(cfg.vae)
-    return vae.to(device)
-
-
 def make_models(cfg: EncodeLatentsConfig, device: torch.device, rank: int):
     """The VAE on every rank; the text encoder on rank 0 only (None elsewhere): it embeds the captions."""
-    vae = make_vae(cfg, device)
-    text = None
-    if rank == 0:
-        if cfg.text_encoder == "tiny":
-            text = tiny_text_encoder(dim=32, max_length=cfg.text_max_length)
-        else:
-            text = load_text_encoder(cfg.text_encoder, max_length=cfg.text_max_length, dtype=text_dtype(device))
-        text.model.to(device=device, dtype=text_dtype(device))
-    return vae, text
+    text = text_encoder_from(cfg.text_encoder, cfg.text_max_length, device) if rank == 0 else None
+    return vae_from(cfg.vae, device), text
 
 
 SHARD_NAME = re.compile(r"shard-(\d+)\.safetensors")

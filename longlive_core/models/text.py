@@ -79,6 +79,21 @@ def _tiny(dim: int, max_length: int) -> TextEncoder:
     return TextEncoder(UMT5EncoderModel(cfg).eval(), ByteTokenizer(), max_length)
 
 
+def text_dtype(device: torch.device) -> torch.dtype:
+    """umT5 runs in bfloat16 on GPUs (as Wan runs it; umT5-XXL is 22 GB in float32), float32 on the CPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def text_encoder_from(path: str, max_length: int, device: torch.device | str = "cpu") -> TextEncoder:
+    """``tiny`` (random, byte tokenizer) or a local umT5 folder, in ``text_dtype``."""
+    device = torch.device(device)
+    dtype = text_dtype(device)
+    text = tiny_text_encoder(dim=32, max_length=max_length) if path == "tiny" else \
+        load_text_encoder(path, max_length=max_length, dtype=dtype)
+    text.model.to(device=device, dtype=dtype)
+    return text
+
+
 def check_text_encoder_dir(path: str | Path) -> None:
     """Raises CheckpointError, saying what to put there, unless ``path`` holds an encoder to load."""
     require_pretrained_dir(Path(path), "umT5 encoder", "put google/umt5-xxl's encoder there in the transformers "

@@ -48,6 +48,14 @@ def load_vae(path: str | Path):
     return AutoencoderKLWan.from_pretrained(Path(path), use_safetensors=True, local_files_only=True).eval()
 
 
+def vae_from(path: str, device: torch.device | str = "cpu"):
+    """``tiny`` (random weights, the same on every rank and every run) or a local Diffusers folder."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        vae = build_vae("tiny") if path == "tiny" else load_vae(path)
+    return vae.to(device)
+
+
 def frames_to_input(frames: np.ndarray, device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(T, H, W, 3) uint8 -> (1, 3, T, H, W) in [-1, 1]."""

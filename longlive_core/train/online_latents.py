@@ -17,9 +17,9 @@ import pandas as pd
 import torch
 
 from longlive_core.config import ConfigError
-from longlive_core.latents.encode import EncodeLatentsConfig, make_vae
+from longlive_core.latents.encode import EncodeLatentsConfig
 from longlive_core.latents.halo import chunk_for, receptive_field_latents
-from longlive_core.models.vae import encode_video, frames_to_input
+from longlive_core.models.vae import encode_video, frames_to_input, vae_from
 from longlive_core.shots.clips import iter_timed_frames, read_clip
 from longlive_core.video.normalize import ClipRejected, normalize_clip
 
@@ -39,7 +39,7 @@ class OnlineSource:
 class OnlineLatents:
     def __init__(self, cfg: EncodeLatentsConfig, shots_table: Path, clips_dir: Path, device: torch.device):
         self.cfg, self.clips_dir, self.device = cfg, clips_dir, device
-        self.vae = make_vae(cfg, device)
+        self.vae = vae_from(cfg.vae, device)
         self.halo = cfg.halo if cfg.halo is not None else receptive_field_latents(self.vae)
         self.shots = pd.read_parquet(shots_table).set_index(["video_id", "shot_index"])
         self.latents_encoded = 0  # latent frames the VAE made, halo included

@@ -13,8 +13,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import numpy as np
+
+from longlive_core.video.writer import VideoWriter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,44 +82,13 @@ def render_shot(shot: ShotSpec, width: int, height: int) -> Iterator[np.ndarray]
 def encode_frames(path: str | Path, frames: Iterable[np.ndarray], fps: int, width: int, height: int,
                   crf: int = 23, rotation: int = 0, pts: Sequence[int] | None = None, container: str = "mp4",
                   codec: str = "libx264", pix_fmt: str = "yuv420p", time_base: Fraction | None = None) -> int:
-    """Writes the frames as ``codec`` in a ``container`` file (FFmpeg names: mp4 with the index at
-    the front, matroska, avi, mpeg, mpegts, flv, asf, ogg ...); returns the frame count.
-
-    ``rotation`` writes a display matrix (as phones do); ``pts`` gives each frame's timestamp in
-    units of ``time_base`` (default 1/fps), so gaps make a variable-frame-rate file and an offset a
-    stream that starts late. One encoder thread keeps the bytes reproducible for a given seed.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tb = time_base or Fraction(1, fps)
-    options = {"movflags": "+faststart"} if container in ("mp4", "mov") else {}
-    n = 0
-    with av.open(str(path), mode="w", format=container, options=options) as out:
-        stream = out.add_stream(codec, rate=fps)
-        stream.width, stream.height = width, height
-        stream.pix_fmt = pix_fmt
-        if codec in ("libx264", "libx265"):
-            stream.codec_context.options = {"crf": str(crf), "preset": "veryfast", "threads": "1",
-                                            f"{codec[3:]}-params": "log-level=warning" if codec == "libx264"
-                                            else "log-level=error"}
-        elif codec.startswith("libvpx"):
-            stream.codec_context.options = {"crf": str(min(crf, 63)), "b": "4M", "threads": "1"}
-        else:  # FFmpeg's own MPEG-family encoders: a quantiser cap instead of their low default bit rate
-            stream.codec_context.options = {"threads": "1"}
-            stream.codec_context.qmax = 8
-        stream.codec_context.time_base = tb
-        if rotation:
-            stream.set_display_rotation(rotation)
-        for rgb in frames:
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            frame.pts = pts[n] if pts is not None else n
-            frame.time_base = tb
-            for packet in stream.encode(frame):
-                out.mux(packet)
-            n += 1
-        for packet in stream.encode():
-            out.mux(packet)
-    return n
+    """Writes the frames as ``codec`` in a ``container`` file (``VideoWriter``); returns the frame count.
+    ``pts`` gives each frame's timestamp in units of ``time_base`` (default 1/fps), so gaps make a
+    variable-frame-rate file and an offset a stream that starts late."""
+    with VideoWriter(path, fps, width, height, crf, rotation, container, codec, pix_fmt, time_base) as out:
+        for n, rgb in enumerate(frames):
+            out.write(rgb, None if pts is None else pts[n])
+    return out.frames
 
 
 def write_video(path: str | Path, spec: VideoSpec, fps: int, width: int, height: int, crf: int = 23,

@@ -1,0 +1,122 @@
+"""Decoding generated latents to frames chunk by chunk, and streaming them into the output file.
+
+``ShotDecoder`` runs the Wan VAE's causal decoder one latent frame at a time, as its own ``decode``
+does, but keeps the decoder's feature cache between calls, so a shot decoded in chunks gives the
+frames of the whole shot decoded at once (tested) and a new shot starts with a fresh cache (each
+shot was encoded on its own: MISSION.md). ``FrameStream`` takes each chunk as the DiT finishes it;
+asynchronously (the default) it decodes and writes in a worker thread on its own CUDA stream while
+the DiT makes the next chunk, holding at most ``depth`` chunks in flight, so memory does not grow
+with the video's length.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+
+class ShotDecoder:
+    def __init__(self, vae, dtype: torch.dtype = torch.float32):
+        self.vae, self.dtype = vae, dtype
+        device = next(vae.parameters()).device
+        self.mean = torch.tensor(vae.config.latents_mean, device=device, dtype=torch.float32)[:, None, None, None]
+        self.std = torch.tensor(vae.config.latents_std, device=device, dtype=torch.float32)[:, None, None, None]
+        self.first = True
+
+    @property
+    def device(self) -> torch.device:
+        return self.mean.device
+
+    def start_shot(self) -> None:
+        self.vae.clear_cache()
+        self.first = True
+
+    @torch.no_grad()
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """Normalised latents (C, F, h, w) of the running shot -> (T, H, W, 3) uint8 frames:
+        1 + 4 (F - 1) for the shot's first chunk, 4 F after it."""
+        from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+        vae = self.vae
+        x = (z.to(self.device, torch.float32) * self.std + self.mean)[None].to(self.dtype)
+        x = vae.post_quant_conv(x)  # a 1x1x1 convolution: no temporal state
+        parts = []
+        for i in range(x.shape[2]):
+            vae._conv_idx = [0]
+            parts.append(vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx,
+                                     first_chunk=self.first))
+            self.first = False
+        out = torch.cat(parts, dim=2)
+        if vae.config.patch_size is not None:
+            out = unpatchify(out, patch_size=vae.config.patch_size)
+        rgb = ((out.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return rgb[0].permute(1, 2, 3, 0).contiguous()
+
+
+class FrameStream:
+    """Latent chunks in, frames out to ``write`` (one (H, W, 3) uint8 array at a time), in order.
+    ``put(z, new_shot)`` returns at once when asynchronous (blocking only while ``depth`` chunks
+    wait); ``close()`` waits for the last frame. A failure in the worker is raised by the next call."""
+
+    def __init__(self, decoder: ShotDecoder, write: Callable[[np.ndarray], None], asynchronous: bool = True,
+                 depth: int = 2):
+        self.decoder, self.write, self.asynchronous = decoder, write, asynchronous
+        self.frames, self.decode_s = 0, 0.0
+        self.error: BaseException | None = None
+        cuda = decoder.device.type == "cuda"
+        self.stream = torch.cuda.Stream(decoder.device) if asynchronous and cuda else None
+        if asynchronous:
+            self.queue: queue.Queue = queue.Queue(maxsize=depth)
+            self.worker = threading.Thread(target=self._work, name="vae-decode", daemon=True)
+            self.worker.start()
+
+    def put(self, z: torch.Tensor, new_shot: bool) -> None:
+        self._raise()
+        if not self.asynchronous:
+            self._consume(z, new_shot)
+            return
+        ready = None
+        if z.is_cuda:  # the worker's stream waits for the DiT's work on z, and z is copied, not reused
+            z = z.clone()
+            ready = torch.cuda.Event()
+            ready.record()
+        self.queue.put((z, new_shot, ready))
+
+    def close(self) -> None:
+        if self.asynchronous:
+            self.queue.put(None)
+            self.worker.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise RuntimeError("decoding or writing the frames failed") from self.error
+
+    def _work(self) -> None:
+        while (item := self.queue.get()) is not None:
+            if self.error is not None:
+                continue  # drain, so the producer never blocks on a dead worker
+            z, new_shot, ready = item
+            try:
+                if self.stream is None:
+                    self._consume(z, new_shot)
+                    continue
+                with torch.cuda.stream(self.stream):
+                    self.stream.wait_event(ready)
+                    self._consume(z, new_shot)
+            except BaseException as e:  # noqa: BLE001 - handed to the producer's thread
+                self.error = e
+
+    def _consume(self, z: torch.Tensor, new_shot: bool) -> None:
+        start = time.perf_counter()
+        if new_shot:
+            self.decoder.start_shot()
+        frames = self.decoder.decode(z).cpu().numpy()  # waits for this stream's decode only
+        self.decode_s += time.perf_counter() - start
+        for rgb in frames:
+            self.write(rgb)
+        self.frames += len(frames)

@@ -1,0 +1,176 @@
+"""The long-video inference engine: a prompt file's shots, chunk by chunk, into a stream of frames.
+
+For each chunk of ``F_c`` latent frames: fresh noise, the few-step loop (``rollout.denoise_chunk``)
+reading the KV cache, the finished latents handed to the frame stream (decoded while the next chunk
+is made), then one pass at t = 0 writing the chunk's keys and values into the cache. A new shot moves
+the cache's shot sink, starts the decoder on a fresh VAE cache and jumps the RoPE frame position by
+the shot offset (MISSION.md "Multi-shot conventions"); a ``+`` line only changes the text the chunks
+read. Nothing grows with the video's length: noise is drawn per chunk, the cache holds its window,
+and the stream holds at most its depth of chunks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from longlive_core.config import ConfigError
+from longlive_core.infer.decode import FrameStream
+from longlive_core.infer.kv_cache import KVCache, SinkConfig
+from longlive_core.infer.kv_quant import KVQuantConfig
+from longlive_core.infer.prompts import ShotPlan
+from longlive_core.infer.rollout import RolloutConfig, denoise_chunk, write_chunk
+from longlive_core.models.wan_dit import WanDiT
+
+KV_FORMATS = ("bf16", "nvfp4")
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+    """``params.yaml``'s ``generate`` section; ``longlive generate``'s flags override it."""
+    step_lists: tuple[tuple[int, ...], ...] = ((1000, 946, 854, 681, 0), (1000, 681, 0))  # the first: default
+    window: int = 32  # latent frames of keys a chunk reads besides its own, the sinks included
+    global_sink: int = 8  # S_g: the video's first latent frames, kept for the whole video
+    shot_sink: int = 8  # S_s: the current shot's first latent frames
+    kv: str = "bf16"  # bf16 (as computed) | nvfp4
+    kv_smooth_keys: bool = True
+    kv_four_over_six: str | None = None  # null | mse | mae: the 4/6 block scale's choice rule
+    precision: str = "auto"  # auto: the folder's own (bf16 for longlive-dit, nvfp4 for longlive-w4a4) | bf16 | nvfp4
+    default_duration_s: float = 5.0  # a prompt line without a duration
+    seed: int = 0
+    decode: str = "async"  # async: the VAE decodes chunk c while the DiT makes c + 1 | sync
+    device: str = "auto"
+
+    def validate(self, where: str) -> None:
+        for steps in self.step_lists:
+            try:
+                RolloutConfig(steps=steps)
+            except ValueError as e:
+                raise ConfigError(f"{where}.step_lists: {e}") from None
+        if not self.step_lists:
+            raise ConfigError(f"{where}.step_lists: give at least one list")
+        if self.kv not in KV_FORMATS:
+            raise ConfigError(f"{where}.kv must be one of {KV_FORMATS}; got {self.kv!r}")
+        if self.precision not in ("auto", "bf16", "nvfp4"):
+            raise ConfigError(f"{where}.precision must be auto, bf16 or nvfp4; got {self.precision!r}")
+        if self.kv_four_over_six not in (None, "mse", "mae"):
+            raise ConfigError(f"{where}.kv_four_over_six must be null, mse or mae; got {self.kv_four_over_six!r}")
+        if self.decode not in ("async", "sync"):
+            raise ConfigError(f"{where}.decode must be async or sync; got {self.decode!r}")
+        if self.default_duration_s <= 0 or self.window < 1:
+            raise ConfigError(f"{where}: default_duration_s must be > 0 and window >= 1")
+        try:
+            SinkConfig(self.global_sink, self.shot_sink)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+    def steps(self, count: int | None) -> tuple[int, ...]:
+        """The list of ``count`` sampling steps (None: the first list)."""
+        if count is None:
+            return self.step_lists[0]
+        for steps in self.step_lists:
+            if len(steps) - 1 == count:
+                return steps
+        have = ", ".join(str(len(s) - 1) for s in self.step_lists)
+        raise ConfigError(f"no {count}-step list in generate.step_lists (it has {have}-step lists)")
+
+    def cache(self, model: WanDiT, tokens_per_frame: int, chunk_frames: int) -> KVCache:
+        sink = SinkConfig(self.global_sink, self.shot_sink)
+        try:
+            sink.check(self.window, chunk_frames)
+        except ValueError as e:
+            raise ConfigError(f"generate: {e}") from None
+        quant = KVQuantConfig(self.kv_smooth_keys, self.kv_four_over_six) if self.kv == "nvfp4" else None
+        return KVCache(len(model.blocks), tokens_per_frame, self.window, quant, sink)
+
+
+@dataclasses.dataclass
+class EngineStats:
+    chunks: int = 0
+    latent_frames: int = 0
+    denoise_s: float = 0.0  # the DiT's time (device time on CUDA), cache writes included
+    kv_bytes: int = 0  # the most the cache held
+    kv_tokens: int = 0  # tokens held at that moment
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.kv_bytes / self.kv_tokens if self.kv_tokens else 0.0
+
+
+class DiTTimer:
+    """The DiT's own time per chunk: CUDA events on its stream (the VAE's stream runs beside it),
+    the wall clock on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.pairs: list = []
+
+    def start(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, began) -> None:
+        if not self.cuda:
+            self.pairs.append(time.perf_counter() - began)
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.pairs.append((began, end))
+
+    def seconds(self) -> float:
+        if not self.cuda:
+            return sum(self.pairs)
+        torch.cuda.synchronize()
+        return sum(a.elapsed_time(b) for a, b in self.pairs) / 1000.0
+
+
+@torch.no_grad()
+def generate(model: WanDiT, plan: list[ShotPlan], texts: list[torch.Tensor], cache: KVCache, steps: tuple[int, ...],
+             stream: FrameStream, latent_shape: tuple[int, int, int], shot_offset: int, seed: int,
+             dtype: torch.dtype, on_chunk=None) -> EngineStats:
+    """``texts``: one (1, T, D) embedding per segment of ``plan``, in order; ``latent_shape`` (C, h, w).
+    ``on_chunk(stats)`` after every chunk (a progress line)."""
+    device = next(model.parameters()).device
+    channels, h, w = latent_shape
+    chunk = plan[0].chunk_frames
+    generator = torch.Generator(device).manual_seed(seed)
+    stats, timer = EngineStats(), DiTTimer(device)
+    total = sum(sum(shot.chunks) for shot in plan)
+    position = 0
+    segment = iter(texts)
+    saved, model.attention_fn = model.attention_fn, cache
+    try:
+        for shot in plan:
+            if shot.index > 0:
+                cache.start_shot()
+                position += shot_offset
+            new_shot = True
+            for count in shot.chunks:
+                text = next(segment).to(device, dtype)
+                for _ in range(count):
+                    began = timer.start()
+                    positions = torch.arange(position, position + chunk, device=device)
+                    noise = torch.randn((1, channels, chunk, h, w), generator=generator, device=device)
+                    x0 = denoise_chunk(model, noise, text, positions, steps, generator, dtype=dtype)
+                    timer.stop(began)
+                    stream.put(x0[0], new_shot)  # synchronous decoding runs here, outside the DiT's time
+                    new_shot = False
+                    stats.chunks += 1
+                    if stats.chunks < total:  # the last chunk's keys are never read
+                        began = timer.start()
+                        write_chunk(model, cache, x0, text, positions, dtype)
+                        timer.stop(began)
+                    if cache.nbytes > stats.kv_bytes:
+                        stats.kv_bytes, stats.kv_tokens = cache.nbytes, cache.frames * cache.tokens_per_frame
+                    position += chunk
+                    stats.latent_frames += chunk
+                    if on_chunk is not None:
+                        on_chunk(stats)
+    finally:
+        model.attention_fn = saved
+    stats.denoise_s = timer.seconds()
+    return stats

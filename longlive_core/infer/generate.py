@@ -1,0 +1,180 @@
+"""``longlive generate``: a video from any model folder the chain makes and a prompt file.
+
+    longlive generate --model models/w4a4 --prompts story.txt --out story.mp4 [--seed N] [--steps 4|2]
+                      [--kv nvfp4|bf16] [--precision bf16|nvfp4] [--decode async|sync]
+
+Defaults come from ``params.yaml``'s ``generate`` section (``--params``); the text encoder, the VAE,
+the resolution, the frame rate, the chunk length and the shot offset from the model folder's
+config.json, as training used them. Writes the mp4 (frames streamed in as they are decoded; the
+file appears only when complete) and ``<out>.json`` beside it: frames, FPS of the denoise loop and
+end to end, peak memory, KV bytes per token, the recipe. The same seed gives the same frames.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import sys
+import time
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from longlive_core.config import ConfigError, from_mapping, load_params
+from longlive_core.devices import pick_device
+from longlive_core.infer.decode import FrameStream, ShotDecoder
+from longlive_core.infer.engine import KV_FORMATS, GenerateConfig, generate
+from longlive_core.infer.model_folder import load_model_folder
+from longlive_core.infer.prompts import PromptFileError, parse_prompts, plan_shots
+from longlive_core.io.atomic import atomic_path, write_json
+from longlive_core.models.text import text_encoder_from
+from longlive_core.models.vae import vae_from
+from longlive_core.models.weights import CheckpointError
+from longlive_core.progress import Progress, setup_logging
+from longlive_core.quant.recipe import convert_linears
+from longlive_core.video.writer import VideoWriter
+
+log = logging.getLogger("longlive.generate")
+
+
+def prepare_model(directory: Path, precision: str, device: torch.device):
+    """(model, config, recipe): a longlive-dit folder in bf16 (float32 on the CPU) or packed NVFP4;
+    a longlive-w4a4 folder as it is (it holds no BF16 weights)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model, config = load_model_folder(directory, device, dtype)
+    kind = config["format"]
+    if kind == "longlive-w4a4":
+        if precision == "bf16":
+            raise ConfigError(f"{directory} holds the W4A4 model (NVFP4 weights, no BF16 copy): run it with "
+                              "--precision nvfp4, or generate from the AR model folder for BF16")
+        return model, config, config["longlive_quantization"].get("recipe", "nvfp4")
+    if precision == "nvfp4":
+        skip = config["precision"]
+        convert_linears(model, "nvfp4", skip=tuple(skip["skip"]), keep_last_blocks=skip["keep_last_blocks"],
+                        packed=True)
+        return model, config, "nvfp4"
+    return model, config, "bf16"
+
+
+def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, cfg: GenerateConfig,
+                  steps: int | None = None, on_frame: Callable[[np.ndarray], None] | None = None) -> dict:
+    """Generates ``out`` (mp4) and ``out``.json; returns the sidecar's contents. ``on_frame`` sees
+    every (H, W, 3) uint8 frame as it goes into the file (x264's bytes are not reproducible bit for
+    bit from run to run; the frames are)."""
+    wall = time.perf_counter()
+    model_dir, prompts, out = Path(model_dir), Path(prompts), Path(out)
+    if not prompts.is_file():
+        raise PromptFileError(f"{prompts} not found: give a prompt file, one line per shot")
+    device = pick_device(cfg.device, "generate.device")
+    step_list = cfg.steps(steps)
+    model, config, recipe = prepare_model(model_dir, cfg.precision, device)
+    dtype = model.patch_embedding.weight.dtype
+    latent, video = config["latent"], config["video"]
+    chunk, stride = int(latent["chunk_frames"]), int(latent["temporal_stride"])
+    segments = parse_prompts(prompts.read_text(encoding="utf-8"), cfg.default_duration_s, str(prompts))
+    plan = plan_shots(segments, float(video["fps"]), chunk, stride)
+
+    text_cfg = config["text_encoder"]
+    encoder = text_encoder_from(text_cfg["path"], int(text_cfg["max_length"]), device)
+    embedded = encoder.encode([s.prompt for s in segments])
+    del encoder  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
+    texts = [embedded[i:i + 1] for i in range(len(segments))]
+    decoder = ShotDecoder(vae_from(config["vae"]["path"], device))
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    _, ph, pw = model.cfg.patch_size
+    h, w = int(latent["height"]), int(latent["width"])
+    cache = cfg.cache(model, (h // ph) * (w // pw), chunk)
+    total_chunks = sum(sum(shot.chunks) for shot in plan)
+    progress = Progress(log, "generate", total_chunks, unit="chunks")
+    fps = Fraction(video["fps"]).limit_denominator(1001000)
+    log.info("%s: %d shot(s), %d chunk(s) of %d latent frames, %d frames at %dx%d, %s weights, %s KV cache, "
+             "%d steps, seed %d", model_dir, len(plan), total_chunks, chunk, sum(s.video_frames for s in plan),
+             video["width"], video["height"], recipe, cfg.kv, len(step_list) - 1, cfg.seed)
+    start = time.perf_counter()
+    with atomic_path(out) as tmp, VideoWriter(tmp, fps, int(video["width"]), int(video["height"])) as writer:
+        def write(rgb: np.ndarray) -> None:
+            writer.write(rgb)
+            if on_frame is not None:
+                on_frame(rgb)
+
+        stream = FrameStream(decoder, write, asynchronous=cfg.decode == "async")
+        try:
+            stats = generate(model, plan, texts, cache, step_list, stream, (int(latent["channels"]), h, w),
+                             int(config["multi_shot"]["shot_rope_offset"]), cfg.seed, dtype,
+                             on_chunk=lambda _: progress.advance())
+        finally:
+            stream.close()
+    elapsed = time.perf_counter() - start
+    expected = sum(shot.video_frames for shot in plan)
+    if stream.frames != expected:
+        raise RuntimeError(f"decoded {stream.frames} frames where the plan makes {expected}")
+    bf16_per_token = 2 * len(model.blocks) * model.cfg.dim * 2  # K and V, every layer, 2 bytes each
+    sidecar = {
+        "video": out.name, "frames": stream.frames, "fps": float(fps), "width": int(video["width"]),
+        "height": int(video["height"]), "seconds": stream.frames / float(fps),
+        "shots": [{"index": s.index, "latent_frames": s.latent_frames, "video_frames": s.video_frames,
+                   "prompts": [seg.prompt for seg in s.segments], "lines": [seg.line for seg in s.segments]}
+                  for s in plan],
+        "seed": cfg.seed, "steps": list(step_list), "model": str(model_dir), "model_format": config["format"],
+        "recipe": recipe, "kv": cfg.kv, "decode": cfg.decode, "device": str(device),
+        "window": cfg.window, "global_sink": cfg.global_sink, "shot_sink": cfg.shot_sink,
+        "denoise_s": stats.denoise_s, "decode_s": stream.decode_s, "generate_s": elapsed,
+        "wall_s": time.perf_counter() - wall,
+        "denoise_fps": stream.frames / stats.denoise_s if stats.denoise_s else None,
+        "end_to_end_fps": stream.frames / elapsed,
+        "peak_memory_bytes": (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                              else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
+        "peak_memory_kind": "cuda max allocated" if device.type == "cuda" else "process max RSS",
+        "kv_bytes_per_token": stats.kv_bytes_per_token, "kv_bytes_per_token_bf16": bf16_per_token,
+    }
+    write_json(sidecar, out.with_name(out.name + ".json"))
+    log.info("%s: %d frames, denoise loop %.1f FPS, end to end %.1f FPS, decode %.1fs, peak memory %.2f GiB",
+             out, stream.frames, sidecar["denoise_fps"] or 0.0, sidecar["end_to_end_fps"], stream.decode_s,
+             sidecar["peak_memory_bytes"] / 2**30)
+    return sidecar
+
+
+def config_from(params_path: str | None, overrides: dict) -> GenerateConfig:
+    path = Path(params_path or "params.yaml")
+    if path.is_file():
+        section = load_params(path).get("generate", {})
+    elif params_path is not None:
+        raise ConfigError(f"{path} not found")
+    else:
+        log.info("no params.yaml here: generate's built-in defaults (the production values)")
+        section = {}
+    return from_mapping(GenerateConfig, {**section, **{k: v for k, v in overrides.items() if v is not None}},
+                        "generate")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="longlive generate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="a model folder: models/w4a4, models/ar, ...")
+    ap.add_argument("--prompts", required=True, help="the prompt file: one line per shot, [SECONDS<TAB>]PROMPT, "
+                    "'+' in front for a prompt change inside the shot")
+    ap.add_argument("--out", required=True, help="the mp4 to write (and OUT.json beside it)")
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--steps", type=int, help="sampling steps: the list of that length in generate.step_lists")
+    ap.add_argument("--kv", choices=KV_FORMATS, help="the KV cache's format")
+    ap.add_argument("--precision", choices=("auto", "bf16", "nvfp4"), help="the linear layers' weights")
+    ap.add_argument("--decode", choices=("async", "sync"))
+    ap.add_argument("--device", help="auto | cpu | cuda")
+    ap.add_argument("--params", help="params file with a generate section (default: ./params.yaml if present)")
+    args = ap.parse_args(argv)
+    setup_logging()
+    try:
+        cfg = config_from(args.params, {"seed": args.seed, "kv": args.kv, "precision": args.precision,
+                                        "decode": args.decode, "device": args.device})
+        generate_file(args.model, args.prompts, args.out, cfg, args.steps)
+    except (ConfigError, PromptFileError, CheckpointError) as e:
+        print(f"longlive generate: {e}", file=sys.stderr)
+        return 2
+    return 0
+

@@ -1,0 +1,152 @@
+"""The inference engine and ``longlive generate`` on a tiny model folder, on the CPU."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from longlive_core.cli import main as longlive
+from longlive_core.config import from_mapping
+from longlive_core.infer.decode import FrameStream, ShotDecoder
+from longlive_core.infer.engine import GenerateConfig, generate
+from longlive_core.infer.generate import generate_file
+from longlive_core.infer.model_folder import load_model_folder
+from longlive_core.infer.prompts import parse_prompts, plan_shots
+from longlive_core.models.text import text_encoder_from
+from longlive_core.models.vae import vae_from
+from longlive_core.video.writer import VideoWriter
+
+from .helpers.ar_model import make_ar_model
+
+CHUNK = 2  # latent frames per chunk: 8 video frames, 1/3 s at 24 fps
+TWO_SHOTS = "0.6\tA red kite over a beach\n+0.3\tThe kite dives\n0.4\tA city street at night\n"
+
+
+def config(**overrides) -> GenerateConfig:
+    base = {"window": 6, "global_sink": 2, "shot_sink": 2, "device": "cpu", "default_duration_s": 0.4}
+    return from_mapping(GenerateConfig, {**base, **overrides}, "generate")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_ar_model(tmp_path_factory.mktemp("generate") / "ar", chunk_frames=CHUNK)
+
+
+def frames_of(path: Path) -> np.ndarray:
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def test_a_shot_decoded_chunk_by_chunk_equals_the_shot_decoded_at_once():
+    vae = vae_from("tiny")
+    z = torch.randn(48, 6, 4, 4, generator=torch.Generator().manual_seed(0))
+    whole = vae.decode(z[None]).sample  # the VAE's own decode; latents_std 1 and latents_mean 0 for tiny
+    expected = ((whole.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)[0].permute(1, 2, 3, 0)
+    decoder = ShotDecoder(vae)
+    for _ in range(2):  # the second shot starts on a fresh cache, so it decodes the same again
+        decoder.start_shot()
+        parts = [decoder.decode(z[:, :2]), decoder.decode(z[:, 2:4]), decoder.decode(z[:, 4:])]
+        assert [len(p) for p in parts] == [5, 8, 8]  # 1 + 4 (F - 1) for the shot's first chunk, then 4 F
+        assert torch.equal(torch.cat(parts), expected)
+
+
+def test_two_shots_with_durations_give_their_frames_and_a_sidecar(model_dir, tmp_path):
+    prompts = tmp_path / "story.txt"
+    prompts.write_text(TWO_SHOTS)
+    out = tmp_path / "story.mp4"
+    made = []
+    side = generate_file(model_dir, prompts, out, config(), on_frame=made.append)
+    # 0.6 s -> 2 chunks, + 0.3 s -> 1 chunk: 6 latent frames, 21 video frames; 0.4 s -> 1 chunk: 5 frames
+    assert [s["latent_frames"] for s in side["shots"]] == [6, 2]
+    written = frames_of(out)
+    assert side["frames"] == 21 + 5 == len(written) == len(made)
+    luma = np.array([0.299, 0.587, 0.114])  # 4:2:0 keeps luma at full resolution; the random model's noise
+    error = np.abs(written @ luma - np.stack(made) @ luma).mean()  # has no chroma that survives subsampling
+    assert error < 10, error  # 6 measured; a frame shifted by one pixel: 24
+    assert side["shots"][1]["prompts"] == ["The scene transitions. A city street at night"]
+    assert json.loads((tmp_path / "story.mp4.json").read_text())["frames"] == 26
+    assert side["denoise_fps"] > 0 and side["end_to_end_fps"] > 0 and side["peak_memory_bytes"] > 0
+    assert side["recipe"] == "bf16" and side["kv_bytes_per_token"] > 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_same_seed_same_frames_and_async_decoding_equals_sync(model_dir, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(TWO_SHOTS)
+    videos = {}
+    for name, cfg in (("a", config()), ("b", config()), ("sync", config(decode="sync")), ("seed", config(seed=1))):
+        videos[name] = []
+        generate_file(model_dir, prompts, tmp_path / f"{name}.mp4", cfg,
+                      on_frame=lambda rgb, name=name: videos[name].append(hashlib.sha256(rgb).hexdigest()))
+    assert len(videos["a"]) == 26
+    assert videos["a"] == videos["b"] == videos["sync"]
+    assert all(x != y for x, y in zip(videos["seed"], videos["a"]))
+
+
+def test_nvfp4_cache_and_weights_run_and_the_cache_is_smaller(model_dir, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(TWO_SHOTS)
+    plain = generate_file(model_dir, prompts, tmp_path / "plain.mp4", config())
+    packed = generate_file(model_dir, prompts, tmp_path / "fp4.mp4", config(kv="nvfp4", precision="nvfp4"))
+    assert packed["recipe"] == "nvfp4" and packed["frames"] == plain["frames"]
+    # float32 activations on the CPU: 4 bytes an element against NVFP4's 0.5 + 1/16
+    assert plain["kv_bytes_per_token"] / packed["kv_bytes_per_token"] > 7
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def heap_in_use() -> int:
+    """Bytes the process's heap holds for live allocations, every arena (glibc's mallinfo2): torch's
+    CPU tensors and numpy's arrays both come from it. Resident memory would not show a leak that
+    reuses pages freed earlier."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def test_memory_stays_flat_as_the_video_grows(model_dir, tmp_path):
+    """Heap memory in use sampled after every chunk of a 50 s video: after the first chunks it stops
+    growing. Holding the frames would add 96 KB a chunk (11 MB over the 120 chunks measured)."""
+    model, folder = load_model_folder(model_dir)
+    encoder = text_encoder_from("tiny", 16)
+    texts = [encoder.encode(["a long take"])]
+    plan = plan_shots(parse_prompts("50\ta long take", 5.0), 24.0, CHUNK)
+    cfg = config()
+    used = []
+    with VideoWriter(tmp_path / "long.mp4", 24, 64, 64) as writer:
+        stream = FrameStream(ShotDecoder(vae_from("tiny")), writer.write)
+        try:
+            stats = generate(model, plan, texts, cfg.cache(model, 4, CHUNK), cfg.steps(None), stream, (48, 4, 4),
+                             8, 0, torch.float32, on_chunk=lambda _: used.append(heap_in_use()))
+        finally:
+            stream.close()
+    assert stats.chunks == 150 and stream.frames == 1 + 4 * (300 - 1)
+    growth = max(used[30:]) - used[29]
+    assert growth < 3 * 2**20, f"heap memory in use grew {growth / 2**20:.1f} MiB over 120 chunks"
+
+
+def test_bad_prompt_lines_and_a_bf16_run_of_a_w4a4_folder_are_refused(model_dir, tmp_path, capsys):
+    prompts = tmp_path / "bad.txt"
+    prompts.write_text("a shot\nfast\tanother\n")
+    out = tmp_path / "x.mp4"
+    assert longlive(["generate", "--model", str(model_dir), "--prompts", str(prompts), "--out", str(out),
+                     "--device", "cpu"]) == 2
+    assert "line 2" in capsys.readouterr().err and not out.exists()
+    folder = tmp_path / "w4a4"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"format": "longlive-w4a4", "stage": "merge_w4a4"}))
+    prompts.write_text("a shot\n")
+    assert longlive(["generate", "--model", str(folder), "--prompts", str(prompts), "--out", str(out),
+                     "--precision", "bf16", "--device", "cpu"]) == 2
+    assert longlive([]) == 2 and longlive(["nope"]) == 2
