@@ -4,9 +4,9 @@
 does, but keeps the decoder's feature cache between calls, so a shot decoded in chunks gives the
 frames of the whole shot decoded at once (tested) and a new shot starts with a fresh cache (each
 shot was encoded on its own: MISSION.md). ``FrameStream`` takes each chunk as the DiT finishes it;
-asynchronously (the default) it decodes and writes in a worker thread on its own CUDA stream while
-the DiT makes the next chunk, holding at most ``depth`` chunks in flight, so memory does not grow
-with the video's length.
+asynchronously (the default) it decodes in a worker thread on its own CUDA stream while the DiT
+makes the next chunk, and writes in another, holding at most ``depth`` chunks in each queue, so
+memory does not grow with the video's length.
 """
 from __future__ import annotations
 
@@ -59,8 +59,10 @@ class ShotDecoder:
 
 class FrameStream:
     """Latent chunks in, frames out to ``write`` (one (H, W, 3) uint8 array at a time), in order.
-    ``put(z, new_shot)`` returns at once when asynchronous (blocking only while ``depth`` chunks
-    wait); ``close()`` waits for the last frame. A failure in the worker is raised by the next call."""
+    Asynchronous: ``put(z, new_shot)`` returns at once (blocking only while ``depth`` chunks wait);
+    one thread decodes (on its own CUDA stream) and another writes, so neither the DiT nor the GPU
+    waits for the CPU's video encoding. ``close()`` waits for the last frame. A failure in either
+    thread is raised by the next call."""
 
     def __init__(self, decoder: ShotDecoder, write: Callable[[np.ndarray], None], asynchronous: bool = True,
                  depth: int = 2):
@@ -70,53 +72,70 @@ class FrameStream:
         cuda = decoder.device.type == "cuda"
         self.stream = torch.cuda.Stream(decoder.device) if asynchronous and cuda else None
         if asynchronous:
-            self.queue: queue.Queue = queue.Queue(maxsize=depth)
-            self.worker = threading.Thread(target=self._work, name="vae-decode", daemon=True)
-            self.worker.start()
+            self.latents: queue.Queue = queue.Queue(maxsize=depth)
+            self.decoded: queue.Queue = queue.Queue(maxsize=depth)
+            self.workers = [threading.Thread(target=self._decode_loop, name="vae-decode", daemon=True),
+                            threading.Thread(target=self._write_loop, name="video-write", daemon=True)]
+            for worker in self.workers:
+                worker.start()
 
     def put(self, z: torch.Tensor, new_shot: bool) -> None:
         self._raise()
         if not self.asynchronous:
-            self._consume(z, new_shot)
+            self._write(self._decode(z, new_shot))
             return
         ready = None
-        if z.is_cuda:  # the worker's stream waits for the DiT's work on z, and z is copied, not reused
+        if z.is_cuda:  # the decode stream waits for the DiT's work on z, and z is copied, not reused
             z = z.clone()
             ready = torch.cuda.Event()
             ready.record()
-        self.queue.put((z, new_shot, ready))
+        self.latents.put((z, new_shot, ready))
 
     def close(self) -> None:
         if self.asynchronous:
-            self.queue.put(None)
-            self.worker.join()
+            self.latents.put(None)
+            for worker in self.workers:
+                worker.join()
         self._raise()
 
     def _raise(self) -> None:
         if self.error is not None:
             raise RuntimeError("decoding or writing the frames failed") from self.error
 
-    def _work(self) -> None:
-        while (item := self.queue.get()) is not None:
+    def _decode_loop(self) -> None:
+        while (item := self.latents.get()) is not None:
             if self.error is not None:
                 continue  # drain, so the producer never blocks on a dead worker
             z, new_shot, ready = item
             try:
                 if self.stream is None:
-                    self._consume(z, new_shot)
+                    self.decoded.put(self._decode(z, new_shot))
                     continue
                 with torch.cuda.stream(self.stream):
                     self.stream.wait_event(ready)
-                    self._consume(z, new_shot)
+                    self.decoded.put(self._decode(z, new_shot))
+            except BaseException as e:  # noqa: BLE001 - handed to the producer's thread
+                self.error = e
+        self.decoded.put(None)
+
+    def _write_loop(self) -> None:
+        while (frames := self.decoded.get()) is not None:
+            if self.error is not None:
+                continue
+            try:
+                self._write(frames)
             except BaseException as e:  # noqa: BLE001 - handed to the producer's thread
                 self.error = e
 
-    def _consume(self, z: torch.Tensor, new_shot: bool) -> None:
+    def _decode(self, z: torch.Tensor, new_shot: bool) -> np.ndarray:
         start = time.perf_counter()
         if new_shot:
             self.decoder.start_shot()
         frames = self.decoder.decode(z).cpu().numpy()  # waits for this stream's decode only
         self.decode_s += time.perf_counter() - start
+        return frames
+
+    def _write(self, frames: np.ndarray) -> None:
         for rgb in frames:
             self.write(rgb)
         self.frames += len(frames)

@@ -40,6 +40,7 @@ class GenerateConfig:
     default_duration_s: float = 5.0  # a prompt line without a duration
     seed: int = 0
     decode: str = "async"  # async: the VAE decodes chunk c while the DiT makes c + 1 | sync
+    compile: bool = False  # torch.compile each block (the cached attention stays eager)
     device: str = "auto"
 
     def validate(self, where: str) -> None:

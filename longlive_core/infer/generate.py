@@ -72,6 +72,9 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     step_list = cfg.steps(steps)
     model, config, recipe = prepare_model(model_dir, cfg.precision, device)
     dtype = model.patch_embedding.weight.dtype
+    if cfg.compile:
+        for block in model.blocks:
+            block.compile()
     latent, video = config["latent"], config["video"]
     chunk, stride = int(latent["chunk_frames"]), int(latent["temporal_stride"])
     segments = parse_prompts(prompts.read_text(encoding="utf-8"), cfg.default_duration_s, str(prompts))
@@ -97,7 +100,8 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
              "%d steps, seed %d", model_dir, len(plan), total_chunks, chunk, sum(s.video_frames for s in plan),
              video["width"], video["height"], recipe, cfg.kv, len(step_list) - 1, cfg.seed)
     start = time.perf_counter()
-    with atomic_path(out) as tmp, VideoWriter(tmp, fps, int(video["width"]), int(video["height"])) as writer:
+    with atomic_path(out) as tmp, VideoWriter(tmp, fps, int(video["width"]), int(video["height"]),
+                                                 threads=0) as writer:
         def write(rgb: np.ndarray) -> None:
             writer.write(rgb)
             if on_frame is not None:

@@ -198,6 +198,7 @@ class CachedAttention:
         self.past_k, self.past_v, self.writing = cache.keys[index], cache.values[index], cache.writing
         self.key_mean = cache.key_mean[index]
 
+    @torch.compiler.disable  # a compiled block would guard on (and recompile for) every shape of the cache
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
         if mask_mod is not None:
             raise ValueError("cached attention takes no mask: the cache holds exactly what the chunk may see")

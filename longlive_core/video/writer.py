@@ -11,12 +11,13 @@ import numpy as np
 class VideoWriter:
     """``with VideoWriter(path, fps, width, height) as out: out.write(rgb)``: H.264 in MP4 (index at
     the front) by default, or any codec and container FFmpeg writes (matroska, avi, mpeg, mpegts,
-    flv, asf, ogg ...). ``rotation`` writes a display matrix (as phones do). One encoder thread keeps
-    the bytes reproducible for the same frames."""
+    flv, asf, ogg ...). ``rotation`` writes a display matrix (as phones do). ``threads``: the
+    encoder's (0: FFmpeg picks; one thread encodes 720p at about 16 frames/s on the H200's host, too
+    slow for generation, plenty for the small synthetic videos of the demo and the tests)."""
 
     def __init__(self, path: str | Path, fps: int | Fraction, width: int, height: int, crf: int = 23, rotation: int = 0,
                  container: str = "mp4", codec: str = "libx264", pix_fmt: str = "yuv420p",
-                 time_base: Fraction | None = None):
+                 time_base: Fraction | None = None, threads: int = 1):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.time_base = time_base or 1 / Fraction(fps)
@@ -26,7 +27,7 @@ class VideoWriter:
         stream.width, stream.height = width, height
         stream.pix_fmt = pix_fmt
         if codec in ("libx264", "libx265"):
-            stream.codec_context.options = {"crf": str(crf), "preset": "veryfast", "threads": "1",
+            stream.codec_context.options = {"crf": str(crf), "preset": "veryfast", "threads": str(threads),
                                             f"{codec[3:]}-params": "log-level=warning" if codec == "libx264"
                                             else "log-level=error"}
         elif codec.startswith("libvpx"):
