@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import av
 import pandas as pd
 import psutil
 import pytest
@@ -371,6 +372,21 @@ def test_merge_w4a4_writes_the_packed_model_that_the_loader_runs(demo_repro):
         out = model(torch.randn(1, 48, 4, 4, 8, dtype=torch.bfloat16), torch.tensor([946.0]),
                     torch.randn(1, 6, 32, dtype=torch.bfloat16))
     assert out.shape == (1, 48, 4, 4, 8) and torch.isfinite(out).all()
+
+
+def test_longlive_generate_runs_the_chains_w4a4_model_from_a_prompt_file(demo_repro, tmp_path):
+    """The command a user runs after `dvc repro`, on what the chain made: two shots, a prompt change."""
+    prompts = tmp_path / "story.txt"
+    prompts.write_text("1.3\tA red kite over a beach\n+0.7\tThe kite dives\nA city street at night\n")
+    out = tmp_path / "story.mp4"
+    run(["longlive", "generate", "--model", "models/w4a4", "--prompts", str(prompts), "--out", str(out),
+         "--kv", "nvfp4"], demo_repro)
+    side = json.loads((tmp_path / "story.mp4.json").read_text())
+    # 24 fps, 4-frame chunks of 4 latent frames = 2/3 s: 1.3 s -> 2 chunks, 0.7 s -> 1, the default 2 s -> 3
+    assert [s["latent_frames"] for s in side["shots"]] == [12, 12]
+    assert side["frames"] == 2 * (1 + 4 * 11) and side["recipe"] == "nvfp4" and side["kv"] == "nvfp4"
+    with av.open(str(out)) as container:
+        assert sum(1 for _ in container.decode(video=0)) == side["frames"]
 
 
 def test_train_ar_split_over_two_sp_ranks_encoding_online_gives_the_one_rank_losses(demo_repro, tmp_path):
