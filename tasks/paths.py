@@ -40,6 +40,11 @@ DISTILL_DMD_HISTORY = Path("reports/distill_dmd/history.jsonl")
 W4A4_MODEL = Path("models/w4a4")  # merge_w4a4's: the merged model, packed NVFP4
 MERGE_W4A4_METRICS = Path("reports/merge_w4a4/metrics.json")
 
+EVALUATE = Path("reports/evaluate")
+EVALUATE_VIDEOS = EVALUATE / "videos"  # each suite entry's prompt file, mp4 and sidecar
+EVALUATE_SHEETS = EVALUATE / "sheets"  # a contact sheet per video
+EVALUATE_SCORES = EVALUATE / "scores.json"
+
 WEIGHTS = Path("data/weights")  # one file per stage that reads pretrained weights: their digests
 
 

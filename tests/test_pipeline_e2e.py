@@ -64,7 +64,7 @@ def test_ingest_lists_every_file_with_lineage_in_mlflow(demo_repro):
     exp = client.get_experiment_by_name("longlive-pipeline")
     runs = {r.data.tags["dvc.stage"]: r for r in client.search_runs([exp.experiment_id])}
     assert set(runs) == {"demo_data", "weights", "ingest", "shots", "iqa_filter", "assemble", "encode_latents",
-                         "train_ar", "distill_dmd", "merge_w4a4"}
+                         "train_ar", "distill_dmd", "merge_w4a4", "evaluate"}
     ingest_run = runs["ingest"]
     assert ingest_run.info.run_id == report(repo, "ingest")["mlflow_run_id"]
     assert ingest_run.data.tags["git.commit"] == head
@@ -102,8 +102,8 @@ def test_ingest_reruns_cheaply_and_sees_new_and_removed_files(demo_repro, tmp_pa
     pipeline = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["dvc.stage"] == "pipeline"]
     assert len(pipeline) == 1
     assert pipeline[0].data.tags["stage.ingest.run_id"] == report(repo, "ingest")["mlflow_run_id"]
-    with sqlite3.connect(repo / "mlflow.db") as db:  # 10 stages, then 2 + 1 + 1 reruns, and the pipeline
-        assert db.execute("select count(*) from runs").fetchone()[0] == 15
+    with sqlite3.connect(repo / "mlflow.db") as db:  # 11 stages, then 2 + 1 + 1 reruns, and the pipeline
+        assert db.execute("select count(*) from runs").fetchone()[0] == 16
 
 
 def test_shots_finds_the_known_cuts_and_links_its_clips_from_the_dvc_cache(demo_repro, tmp_path):
@@ -387,6 +387,26 @@ def test_longlive_generate_runs_the_chains_w4a4_model_from_a_prompt_file(demo_re
     assert side["frames"] == 2 * (1 + 4 * 11) and side["recipe"] == "nvfp4" and side["kv"] == "nvfp4"
     with av.open(str(out)) as container:
         assert sum(1 for _ in container.decode(video=0)) == side["frames"]
+
+
+def test_evaluate_scores_every_suite_video_and_passes_with_no_champion(demo_repro):
+    repo = demo_repro
+    scores = json.loads((repo / "reports/evaluate/scores.json").read_text())
+    suite = load_params(repo / "params.yaml")["evaluate"]["suite"]
+    assert set(scores["videos"]) == set(suite)
+    for name, video in scores["videos"].items():
+        assert (repo / f"reports/evaluate/videos/{name}.mp4").is_file()
+        assert (repo / f"reports/evaluate/sheets/{name}.png").is_file()
+        side = json.loads((repo / f"reports/evaluate/videos/{name}.mp4.json").read_text())
+        assert video["frames"] == side["frames"] == sum(s["video_frames"] for s in side["shots"])
+        assert 0 < video["temporal_flickering"] <= 1 and 0 < video["within_shot_consistency"] <= 1
+        assert video["shot_switch"]["asked"] and 0 <= video["shot_switch_accuracy"] <= 1
+    assert scores["verdict"]["passed"] and "no champion registered" in scores["verdict"]["reasons"][0]
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    run_id = report(repo, "evaluate")["mlflow_run_id"]
+    logged = {a.path for a in client.list_artifacts(run_id, "videos/kite_city")}
+    assert logged == {"videos/kite_city/kite_city.mp4", "videos/kite_city/kite_city.png"}
+    assert client.get_run(run_id).data.metrics["verdict_passed"] == 1
 
 
 def test_train_ar_split_over_two_sp_ranks_encoding_online_gives_the_one_rank_losses(demo_repro, tmp_path):

@@ -87,6 +87,10 @@ BAD_CONFIGS = [  # (stage, params changes, what the one line says)
     ("distill_dmd", {}, "models/ar/config.json is missing: run train_ar first (dvc repro train_ar)"),
     ("merge_w4a4", {"merge_w4a4": {"recipe": "bf16"}}, "merge_w4a4.recipe must be an NVFP4 recipe"),
     ("merge_w4a4", {}, "models/ar/config.json is missing: run train_ar first (dvc repro train_ar)"),
+    ("evaluate", {"evaluate": {"suite": {"bad": "+a change before any shot"}}},
+     "evaluate.suite.bad, line 1: a '+' line changes the prompt inside a shot"),
+    ("evaluate", {"evaluate": {"steps": 3}}, "no 3-step list in generate.step_lists"),
+    ("evaluate", {}, "models/w4a4/config.json is missing: run merge_w4a4 first (dvc repro merge_w4a4)"),
 ]
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pandas as pd
 
 from longlive_core.io.atomic import atomic_path, write_bytes, write_json
 from longlive_core.shots.clips import clip_frames_at, read_clip
+from longlive_core.video.images import labelled_strip, stack_rows, write_png
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,28 +58,10 @@ def contact_sheet(rows: pd.DataFrame, clips_dir: Path, frames_per_shot: int = 4,
     for r in rows.itertuples(index=False):
         at = [int(i) for i in np.linspace(0, r.num_frames - 1, frames_per_shot)]
         frames = clip_frames_at(read_clip(clips_dir, r.clip_shard, r.clip_member), at)
-        picks = [frames[i] for i in at]
-        h = round(picks[0].shape[0] * thumb_w / picks[0].shape[1])
-        thumbs = [cv2.resize(f, (thumb_w, h), interpolation=cv2.INTER_AREA) for f in picks]
-        strip = np.concatenate(thumbs, axis=1)
-        label = np.full((18, strip.shape[1], 3), 255, np.uint8)
         verdict = "kept" if r.kept else "rejected"
         text = f"{r.path} #{r.shot_index}  {r.iqa_metric}={r.iqa_score:.3f}  motion={r.motion_score:.2f}  {verdict}"
-        cv2.putText(label, text.encode("ascii", "replace").decode(), (4, 13), cv2.FONT_HERSHEY_SIMPLEX, 0.4,
-                    (0, 0, 0), 1, cv2.LINE_AA)
-        lines.append(np.concatenate([label, strip], axis=0))
-    if not lines:
-        return np.full((24, thumb_w * frames_per_shot, 3), 255, np.uint8)
-    width = max(x.shape[1] for x in lines)
-    return np.concatenate([np.pad(x, ((0, 2), (0, width - x.shape[1]), (0, 0)), constant_values=255)
-                           for x in lines], axis=0)
-
-
-def _png(path: Path, rgb: np.ndarray) -> None:
-    ok, buf = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
-    if not ok:
-        raise RuntimeError(f"could not encode {path.name}")
-    write_bytes(buf.tobytes(), path)
+        lines.append(labelled_strip([frames[i] for i in at], text, thumb_w))
+    return stack_rows(lines, thumb_w * frames_per_shot)
 
 
 def write_curation_report(inp: ReportInputs, out_dir: Path, per_sheet: int = 6) -> dict:
@@ -112,7 +94,7 @@ def write_curation_report(inp: ReportInputs, out_dir: Path, per_sheet: int = 6) 
     rejected = better_first[~better_first["kept"]].tail(per_sheet)
     sheets = {"contact_best.png": best, "contact_borderline.png": border, "contact_rejected.png": rejected}
     for name, rows in sheets.items():
-        _png(out_dir / name, contact_sheet(rows, inp.clips_dir))
+        write_png(out_dir / name, contact_sheet(rows, inp.clips_dir))
 
     lines = ["# Curation report", "",
              f"{counts['kept_shots']} of {counts['usable_shots']} usable shots kept; {counts['samples']} samples.", "",

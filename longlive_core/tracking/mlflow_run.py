@@ -155,3 +155,20 @@ class StageRun:
         self._safe(f"logging artifact {path}", lambda: (self._client.log_artifacts if many else
                                                         self._client.log_artifact)(self.run_id, str(path),
                                                                                    artifact_path))
+
+    def registered_alias(self, name: str, alias: str) -> tuple[str | None, dict[str, float] | None]:
+        """(version, the metrics of the run it was registered from) of registered model ``name``'s
+        ``alias``; (None, None) when the model or the alias does not exist, or the store cannot be read
+        (``self.active`` then turns False)."""
+        from mlflow.exceptions import MlflowException
+
+        def fetch():
+            try:
+                version = self._client.get_model_version_by_alias(name, alias)
+            except MlflowException as exc:
+                if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                    return None, None
+                raise
+            return str(version.version), dict(self._client.get_run(version.run_id).data.metrics)
+
+        return self._safe("reading the model registry", fetch) or (None, None)

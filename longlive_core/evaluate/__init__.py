@@ -1,0 +1,1 @@
+"""Scoring generated videos: the metrics that need no weights, contact sheets and the regression verdict."""

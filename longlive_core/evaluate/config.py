@@ -1,0 +1,40 @@
+"""The typed configuration of ``evaluate`` (``params.yaml``'s ``evaluate`` section)."""
+from __future__ import annotations
+
+import dataclasses
+
+from longlive_core.config import ConfigError
+from longlive_core.infer.prompts import PromptFileError, parse_prompts
+
+VERDICT_METRICS = ("temporal_flickering", "within_shot_consistency", "shot_switch_accuracy")  # higher is better
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateConfig:
+    suite: dict = dataclasses.field(default_factory=dict)  # name -> a prompt file's text (longlive generate's)
+    seed: int = 0
+    steps: int | None = None  # sampling steps; null: generate's default list
+    kv: str | None = None  # the KV cache's format; null: generate.kv
+    cut_tolerance_frames: int = 6  # a detected cut this close to an asked one is a hit
+    sheet_frames_per_shot: int = 4
+    registered_model: str = "longlive-2.0"  # the MLflow registry name whose "champion" the verdict compares with
+    margins: dict = dataclasses.field(default_factory=lambda: {m: 0.0 for m in VERDICT_METRICS})
+    device: str = "auto"
+
+    def validate(self, where: str) -> None:
+        if not self.suite:
+            raise ConfigError(f"{where}.suite: give at least one prompt file (name: text)")
+        for name, text in self.suite.items():
+            if not isinstance(text, str) or not name.replace("_", "").replace("-", "").isalnum():
+                raise ConfigError(f"{where}.suite.{name}: names are letters, digits, - and _; values prompt text")
+            try:
+                parse_prompts(text, 1.0, f"{where}.suite.{name}")
+            except PromptFileError as e:
+                raise ConfigError(str(e)) from None
+        unknown = sorted(set(self.margins) - set(VERDICT_METRICS))
+        if unknown:
+            raise ConfigError(f"{where}.margins: unknown metric(s) {unknown}; known: {list(VERDICT_METRICS)}")
+        if any(not isinstance(v, (int, float)) or v < 0 for v in self.margins.values()):
+            raise ConfigError(f"{where}.margins: each margin is a number >= 0")
+        if self.cut_tolerance_frames < 0 or self.sheet_frames_per_shot < 1:
+            raise ConfigError(f"{where}: cut_tolerance_frames must be >= 0 and sheet_frames_per_shot >= 1")
