@@ -1,6 +1,7 @@
 """``longlive``: the project's one command, with subcommands.
 
     longlive generate --model DIR --prompts FILE --out FILE.mp4 ...   # a video from a model folder
+    longlive bundle verify|fetch ...                                  # a model bundle, on disk or on S3
     longlive params apply|check OVERLAY                               # production values into params.yaml
 
 The pipeline's own commands stay where the layering puts them: ``longlive-flow`` (Prefect) and
@@ -13,6 +14,7 @@ import sys
 
 COMMANDS = {
     "generate": ("longlive_core.infer.generate", "a video from a model folder and a prompt file"),
+    "bundle": ("longlive_core.package.cli", "verify or fetch a model bundle (a folder or s3://...)"),
     "params": ("longlive_core.params_overlay", "merge or check a params overlay (configs/production.yaml)"),
 }
 

@@ -45,6 +45,8 @@ EVALUATE_VIDEOS = EVALUATE / "videos"  # each suite entry's prompt file, mp4 and
 EVALUATE_SHEETS = EVALUATE / "sheets"  # a contact sheet per video
 EVALUATE_SCORES = EVALUATE / "scores.json"
 
+DIST = Path("dist")  # package's: the model bundle (VERSION and SHA256SUMS inside)
+
 WEIGHTS = Path("data/weights")  # one file per stage that reads pretrained weights: their digests
 
 

@@ -153,7 +153,7 @@ def test_committed_production_overlay_gives_every_key_of_params():
 
 def test_check_names_the_missing_keys(tmp_path, capsys):
     partial = tmp_path / "partial.yaml"
-    partial.write_text(PRODUCTION.read_text().replace("    region: null", "    #"))
+    partial.write_text(PRODUCTION.read_text().replace("    region: null", "    #", 1))  # ingest.s3.region only
     params = str(REPO / "params.yaml")
     assert params_main(["check", str(partial), "--params", params]) == 1
     assert "does not give 1 key(s)" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 (``demo_repro``) that every test reads, and variants that copy its workspace, change one thing and
 rerun only what that change reaches."""
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -64,7 +65,7 @@ def test_ingest_lists_every_file_with_lineage_in_mlflow(demo_repro):
     exp = client.get_experiment_by_name("longlive-pipeline")
     runs = {r.data.tags["dvc.stage"]: r for r in client.search_runs([exp.experiment_id])}
     assert set(runs) == {"demo_data", "weights", "ingest", "shots", "iqa_filter", "assemble", "encode_latents",
-                         "train_ar", "distill_dmd", "merge_w4a4", "evaluate"}
+                         "train_ar", "distill_dmd", "merge_w4a4", "evaluate", "package"}
     ingest_run = runs["ingest"]
     assert ingest_run.info.run_id == report(repo, "ingest")["mlflow_run_id"]
     assert ingest_run.data.tags["git.commit"] == head
@@ -102,8 +103,8 @@ def test_ingest_reruns_cheaply_and_sees_new_and_removed_files(demo_repro, tmp_pa
     pipeline = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["dvc.stage"] == "pipeline"]
     assert len(pipeline) == 1
     assert pipeline[0].data.tags["stage.ingest.run_id"] == report(repo, "ingest")["mlflow_run_id"]
-    with sqlite3.connect(repo / "mlflow.db") as db:  # 11 stages, then 2 + 1 + 1 reruns, and the pipeline
-        assert db.execute("select count(*) from runs").fetchone()[0] == 16
+    with sqlite3.connect(repo / "mlflow.db") as db:  # 12 stages, then 2 + 1 + 1 reruns, and the pipeline
+        assert db.execute("select count(*) from runs").fetchone()[0] == 17
 
 
 def test_shots_finds_the_known_cuts_and_links_its_clips_from_the_dvc_cache(demo_repro, tmp_path):
@@ -407,6 +408,23 @@ def test_evaluate_scores_every_suite_video_and_passes_with_no_champion(demo_repr
     logged = {a.path for a in client.list_artifacts(run_id, "videos/kite_city")}
     assert logged == {"videos/kite_city/kite_city.mp4", "videos/kite_city/kite_city.png"}
     assert client.get_run(run_id).data.metrics["verdict_passed"] == 1
+
+
+def test_package_writes_a_verified_bundle_and_registers_it_as_candidate_and_champion(demo_repro):
+    repo = demo_repro
+    run(["longlive", "bundle", "verify", "dist"], repo)
+    version = (repo / "dist/VERSION").read_text().strip()
+    weights = hashlib.sha256((repo / "models/w4a4/model.safetensors").read_bytes()).hexdigest()
+    assert version.endswith(f"-w{weights[:12]}")
+    assert version.startswith(run(["git", "describe", "--tags", "--always"], repo).stdout.strip())
+    card = (repo / "dist/README.md").read_text()
+    assert "| kite_city |" in card and "Verdict: **pass**" in card and report(repo, "evaluate")["mlflow_run_id"] in card
+    assert (repo / "dist/lora/adapter_model.safetensors").is_file() and (repo / "dist/configs/params.yaml").is_file()
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    champion = client.get_model_version_by_alias("longlive-2.0", "champion")  # no champion before: the verdict passed
+    assert champion.tags["bundle.version"] == version
+    assert str(client.get_model_version_by_alias("longlive-2.0", "candidate").version) == str(champion.version)
+    assert champion.run_id == report(repo, "package")["mlflow_run_id"]
 
 
 def test_train_ar_split_over_two_sp_ranks_encoding_online_gives_the_one_rank_losses(demo_repro, tmp_path):

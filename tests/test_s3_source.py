@@ -4,12 +4,9 @@ import json
 import logging
 import secrets
 import sqlite3
-import subprocess
 import sys
 import threading
-import time
 
-import boto3
 import pytest
 import yaml
 from botocore.exceptions import ClientError, EndpointConnectionError
@@ -20,7 +17,8 @@ from longlive_core.data.ingest import IngestConfig, IngestState, ingest
 from longlive_core.data.roots import SourceError
 from longlive_core.data.s3_mirror import S3Config, S3Source
 
-from .conftest import REPO, VENV_BIN, free_port, run
+from .conftest import REPO, run
+from .helpers.moto import moto_server, s3
 
 BUCKET = "videos"
 SECRET = "s3cret-" + secrets.token_hex(8)
@@ -28,23 +26,8 @@ SECRET = "s3cret-" + secrets.token_hex(8)
 
 @pytest.fixture(scope="module")
 def endpoint():
-    port = free_port()
-    proc = subprocess.Popen([str(VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client(url).list_buckets()
-            break
-        except Exception:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("moto_server did not start") from None
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    with moto_server(SECRET) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)
@@ -55,8 +38,7 @@ def fake_credentials(monkeypatch):
 
 
 def client(url):
-    return boto3.client("s3", endpoint_url=url, region_name="us-east-1",
-                        aws_access_key_id="testing-key-id", aws_secret_access_key=SECRET)
+    return s3(url, SECRET)
 
 
 @pytest.fixture

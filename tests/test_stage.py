@@ -91,6 +91,8 @@ BAD_CONFIGS = [  # (stage, params changes, what the one line says)
      "evaluate.suite.bad, line 1: a '+' line changes the prompt inside a shot"),
     ("evaluate", {"evaluate": {"steps": 3}}, "no 3-step list in generate.step_lists"),
     ("evaluate", {}, "models/w4a4/config.json is missing: run merge_w4a4 first (dvc repro merge_w4a4)"),
+    ("package", {"package": {"s3_uri": "s3:/models"}}, "package.s3_uri 's3:/models' is not s3://bucket/prefix"),
+    ("package", {}, "models/w4a4/config.json is missing: run merge_w4a4 first (dvc repro merge_w4a4)"),
 ]
 
 

@@ -60,6 +60,18 @@ class S3Config:
                               f"a page), got {self.page_size}")
 
 
+def s3_client(cfg: S3Config) -> Any:
+    """A boto3 S3 client for ``cfg``: credentials from the environment or the profile, never params;
+    botocore's standard retries with backoff."""
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.Session(profile_name=cfg.profile) if cfg.profile else boto3.Session()
+    return session.client("s3", endpoint_url=cfg.endpoint_url, region_name=cfg.region,
+                          config=Config(retries={"max_attempts": cfg.max_retries, "mode": "standard"},
+                                        max_pool_connections=max(10, cfg.download_workers)))
+
+
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     check_source_uri(uri)
     if not uri.startswith("s3://"):
@@ -203,14 +215,7 @@ class S3Source:
     @property
     def client(self) -> Any:
         if self._client is None:  # made once, before the download threads share it
-            import boto3
-            from botocore.config import Config
-
-            session = boto3.Session(profile_name=self.cfg.profile) if self.cfg.profile else boto3.Session()
-            self._client = session.client(
-                "s3", endpoint_url=self.cfg.endpoint_url, region_name=self.cfg.region,
-                config=Config(retries={"max_attempts": self.cfg.max_retries, "mode": "standard"},
-                              max_pool_connections=max(10, self.cfg.download_workers)))
+            self._client = s3_client(self.cfg)
         return self._client
 
     def list(self) -> Listing:

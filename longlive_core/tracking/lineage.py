@@ -29,6 +29,28 @@ def git_state(repo_root: str | Path = ".") -> dict[str, str]:
             "git.dirty": "unknown" if status is None else str(bool(status.strip())).lower()}
 
 
+def git_describe(repo_root: str | Path = ".") -> str:
+    """``git describe --tags --always`` (the nearest tag and the commits since, or the short commit),
+    with ``-dirty`` when tracked files other than dvc.lock changed (``git_state``'s rule); never raises."""
+    try:
+        out = subprocess.run(["git", "describe", "--tags", "--always"], cwd=repo_root, capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if out.returncode != 0 or not out.stdout.strip():
+        return "unknown"
+    return out.stdout.strip() + ("-dirty" if git_state(repo_root)["git.dirty"] == "true" else "")
+
+
+def dvc_out_hashes(lock_path: str | Path, stages: Iterable[str]) -> dict[str, str]:
+    """{output path: its md5 in dvc.lock} for the outputs of ``stages`` (what DVC knows them by)."""
+    import yaml
+
+    lock = Path(lock_path)
+    recorded = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) if lock.is_file() else {}
+    return {out["path"]: out.get("md5", "") for stage in stages for out in recorded.get(stage, {}).get("outs", [])}
+
+
 def digest_lines(lines: Iterable[str]) -> str:
     """SHA-256 over newline-terminated lines: a content digest of a listing, order included."""
     h = hashlib.sha256()

@@ -172,3 +172,24 @@ class StageRun:
             return str(version.version), dict(self._client.get_run(version.run_id).data.metrics)
 
         return self._safe("reading the model registry", fetch) or (None, None)
+
+    def register(self, name: str, directory: str | Path, aliases: list[str], tags: Mapping[str, str]) -> str | None:
+        """Logs ``directory`` as this run's ``bundle`` artifact and registers it as a new version of
+        ``name`` (created if new) with ``aliases`` moved to it; the version, or None untracked."""
+        from mlflow.exceptions import MlflowException
+
+        self.log_artifact(directory, "bundle")
+
+        def register_version() -> str:
+            try:
+                self._client.create_registered_model(name)
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            source = self._client.get_run(self.run_id).info.artifact_uri.rstrip("/") + "/bundle"
+            version = self._client.create_model_version(name, source, run_id=self.run_id, tags=dict(tags))
+            for alias in aliases:
+                self._client.set_registered_model_alias(name, alias, version.version)
+            return str(version.version)
+
+        return self._safe("registering the model", register_version)

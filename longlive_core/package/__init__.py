@@ -1,0 +1,1 @@
+"""The model bundle of `package`: building, checksums, S3 publishing and fetching."""

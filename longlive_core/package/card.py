@@ -1,0 +1,36 @@
+"""The bundle's model card (README.md): what it is, how to run it, how it scored, where it came from."""
+from __future__ import annotations
+
+import json
+
+
+def model_card(name: str, version: str, model_config: dict, scores: dict, lineage: dict) -> str:
+    agg, verdict = scores["aggregate"], scores["verdict"]
+    dit, video = model_config["dit"], model_config["video"]
+    lines = [
+        f"# {name} {version}", "",
+        f"A LongLive-2.0 W4A4 video generator ({dit['name']} DiT, {dit['num_layers']} blocks, dim {dit['dim']}; "
+        f"{video['width']}x{video['height']} at {video['fps']:g} fps; sampling steps "
+        f"{model_config['sampling']['steps']}), made by this project's pipeline.", "",
+        "## Run it", "",
+        "```bash",
+        "longlive bundle verify .            # every file against SHA256SUMS",
+        "longlive generate --model model --prompts story.txt --out story.mp4",
+        "```", "",
+        "`model/` is the merged W4A4 model (compressed-tensors' nvfp4-pack-quantized layout), `lora/` the",
+        "distilled generator's LoRA as a peft adapter for the AR model, `configs/params.yaml` the parameters",
+        "that made both.", "",
+        "## Evaluation", "",
+        "| video | frames | temporal flickering | within-shot consistency | shot-switch accuracy |",
+        "|---|---|---|---|---|",
+    ]
+    for video_name, v in sorted(scores["videos"].items()):
+        lines.append(f"| {video_name} | {v['frames']} | {v['temporal_flickering']:.4f} | "
+                     f"{v['within_shot_consistency']:.4f} | {v['shot_switch_accuracy']:.2f} |")
+    lines += [f"| **mean** | | {agg['temporal_flickering']:.4f} | {agg['within_shot_consistency']:.4f} | "
+              f"{agg['shot_switch_accuracy']:.2f} |", "",
+              f"Verdict: **{'pass' if verdict['passed'] else 'fail'}**"
+              + (f" against {verdict['champion']}" if verdict["champion"] else "") + ".", ""]
+    lines += [f"- {reason}" for reason in verdict["reasons"]]
+    lines += ["", "## Lineage", "", "```json", json.dumps(lineage, indent=2, sort_keys=True), "```", ""]
+    return "\n".join(lines)

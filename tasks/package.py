@@ -1,0 +1,104 @@
+"""DVC stage `package`: models/w4a4/ + models/dmd/ + reports/evaluate/scores.json -> dist/, the model
+bundle: the W4A4 model, the LoRA, params.yaml, a model card with the evaluation and the lineage,
+VERSION (git describe + the weights' digest) and SHA256SUMS, verified after writing; published to
+``package.s3_uri``/<version>/ when set (never over an existing version) and registered in the MLflow
+model registry (alias candidate; champion only when evaluate's verdict passed)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from longlive_core.config import ConfigError, stage_config
+from longlive_core.models.checkpoint import read_model_config
+from longlive_core.package.config import PackageConfig
+from tasks.paths import DIST, DMD_MODEL, EVALUATE_SCORES, W4A4_MODEL
+from tasks.stage import main_for, report_path
+
+STAGE = "package"
+log = logging.getLogger(f"stage.{STAGE}")
+LINEAGE_STAGES = ("encode_latents", "train_ar", "distill_dmd", "merge_w4a4", "evaluate")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    cfg: PackageConfig
+    registered_model: str
+
+
+def prepare(params: dict[str, Any]) -> Prepared:
+    cfg = stage_config(PackageConfig, STAGE, params)
+    read_model_config(W4A4_MODEL, "merge_w4a4")
+    read_model_config(DMD_MODEL, "distill_dmd")
+    if not EVALUATE_SCORES.is_file():
+        raise ConfigError(f"{EVALUATE_SCORES} is missing: run evaluate first (dvc repro evaluate)")
+    return Prepared(cfg, params.get("evaluate", {}).get("registered_model", "longlive-2.0"))
+
+
+def lineage() -> dict:
+    from longlive_core.tracking.lineage import dvc_out_hashes, git_describe, git_state
+
+    runs = {}
+    for stage in LINEAGE_STAGES:
+        path = report_path(stage)
+        runs[stage] = json.loads(path.read_text()).get("mlflow_run_id") if path.is_file() else None
+    return {**git_state("."), "git.describe": git_describe("."), "dvc.outs.md5": dvc_out_hashes("dvc.lock",
+            LINEAGE_STAGES), "mlflow.run_ids": runs}
+
+
+def body(p: Prepared, run) -> dict:
+    from longlive_core.data.s3_mirror import s3_client
+    from longlive_core.infer.model_folder import W4A4_WEIGHTS
+    from longlive_core.io.atomic import atomic_dir
+    from longlive_core.package.bundle import VERSION, file_sha256, upload, verify_dir, write_sums
+    from longlive_core.package.card import model_card
+    from longlive_core.package.config import registry_aliases
+
+    scores = json.loads(EVALUATE_SCORES.read_text())
+    model_config = read_model_config(W4A4_MODEL, "merge_w4a4")
+    origin = lineage()
+    version = f"{origin['git.describe']}-w{file_sha256(W4A4_MODEL / W4A4_WEIGHTS)[:12]}"
+    with atomic_dir(DIST) as staging:
+        shutil.copytree(W4A4_MODEL, staging / "model")
+        shutil.copytree(DMD_MODEL, staging / "lora")
+        (staging / "configs").mkdir()
+        shutil.copyfile("params.yaml", staging / "configs/params.yaml")
+        (staging / "README.md").write_text(model_card(p.registered_model, version, model_config, scores, origin),
+                                           encoding="utf-8")
+        (staging / VERSION).write_text(version + "\n", encoding="utf-8")
+        sums = write_sums(staging)
+    verify_dir(DIST)  # what landed, after the swap into place
+    published = None
+    if p.cfg.s3_uri:
+        published = upload(s3_client(p.cfg.s3), DIST, p.cfg.s3_uri)
+        log.info("published %s (verified by reading it back)", published)
+    else:
+        log.info("package.s3_uri is not set: the bundle stays in %s/, not published", DIST)
+    run.log_metrics(scores["aggregate"])  # the champion's scores, for the next evaluate's verdict
+    run.set_tags({"bundle.version": version, **({"bundle.uri": published} if published else {})})
+    registered = None
+    if p.cfg.register:
+        aliases = registry_aliases(scores["verdict"])
+        registered = run.register(p.registered_model, DIST, aliases, {"bundle.version": version})
+        if registered:
+            log.info("registered %s version %s, aliases %s", p.registered_model, registered, ", ".join(aliases))
+    return {"version": version, "files": len(sums), "bytes": sum(f.stat().st_size for f in Path(DIST).rglob("*")
+                                                                  if f.is_file()),
+            "published": published, "registered_version": registered, "verdict_passed": scores["verdict"]["passed"]}
+
+
+def one_line(s) -> str:
+    where = s["published"] or "not published (package.s3_uri unset)"
+    reg = f"registered as version {s['registered_version']}" if s["registered_version"] else "not registered"
+    return f"bundle {s['version']}: {s['files']} files, {s['bytes'] / 2**20:.2f} MiB, verified; {where}; {reg}"
+
+
+def main() -> None:
+    main_for(STAGE, prepare, body, one_line)
+
+
+if __name__ == "__main__":
+    main()
