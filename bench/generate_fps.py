@@ -118,6 +118,8 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--compile", action="store_true", help="also the denoise loop with every block compiled")
+    ap.add_argument("--fp8", action="store_true", help="last, the denoise loop with FP8 W8A8 linears (eager and, "
+                    "with --compile, compiled)")
     ap.add_argument("--out", default=None, help="the end-to-end mp4 (default: a temporary file)")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -192,6 +194,20 @@ def main() -> None:
               f"{stream.frames / wall:.1f} FPS (decode {stream.decode_s:.1f} s of it)")
     serial = frames_per_chunk / (denoise_ms + decode_ms) * 1000
     print(f"denoise + decode timed alone, one after the other: {serial:.1f} FPS")
+
+    if args.fp8:
+        from longlive_core.quant.recipe import convert_linears_fp8
+
+        convert_linears_fp8(model)  # the blocks' linears; embeddings, head and norms stay as they are
+        if args.compile:
+            for block in model.blocks:
+                block.compile()
+        run(model, GenerateConfig(**cfg), steps, DroppedFrames(), 2, chunk, shape, device, dtype, text)  # warm-up
+        per_chunk, _, _, _ = run(model, GenerateConfig(**cfg), steps, DroppedFrames(), args.chunks, chunk, shape,
+                                 device, dtype, text)
+        ms = statistics.median(per_chunk[steady] or per_chunk) * 1000
+        print(f"denoise loop, bf16 KV, FP8 W8A8 linears{', compiled blocks' if args.compile else ''}: {ms:.0f} ms per "
+              f"chunk -> {frames_per_chunk / ms * 1000:.1f} FPS ({denoise_ms / ms:.2f}x the bf16 loop above)")
 
     if not args.tiny:
         keys = (window + chunk) * (h // 2) * (w // 2)

@@ -89,12 +89,14 @@ def test_same_seed_same_frames_and_async_decoding_equals_sync(model_dir, tmp_pat
     assert all(x != y for x, y in zip(videos["seed"], videos["a"]))
 
 
-def test_nvfp4_cache_and_weights_run_and_the_cache_is_smaller(model_dir, tmp_path):
+def test_nvfp4_cache_nvfp4_and_fp8_weights_run_and_the_cache_is_smaller(model_dir, tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text(TWO_SHOTS)
     plain = generate_file(model_dir, prompts, tmp_path / "plain.mp4", config())
     packed = generate_file(model_dir, prompts, tmp_path / "fp4.mp4", config(kv="nvfp4", precision="nvfp4"))
-    assert packed["recipe"] == "nvfp4" and packed["frames"] == plain["frames"]
+    fp8 = generate_file(model_dir, prompts, tmp_path / "fp8.mp4", config(precision="fp8"))
+    assert packed["recipe"] == "nvfp4" and fp8["recipe"] == "fp8"
+    assert packed["frames"] == fp8["frames"] == plain["frames"]
     # float32 activations on the CPU: 4 bytes an element against NVFP4's 0.5 + 1/16
     assert plain["kv_bytes_per_token"] / packed["kv_bytes_per_token"] > 7
 

@@ -24,6 +24,7 @@ from longlive_core.infer.rollout import RolloutConfig, denoise_chunk, write_chun
 from longlive_core.models.wan_dit import WanDiT
 
 KV_FORMATS = ("bf16", "nvfp4")
+PRECISIONS = ("auto", "bf16", "nvfp4", "fp8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,7 @@ class GenerateConfig:
     kv: str = "bf16"  # bf16 (as computed) | nvfp4
     kv_smooth_keys: bool = True
     kv_four_over_six: str | None = None  # null | mse | mae: the 4/6 block scale's choice rule
-    precision: str = "auto"  # auto: the folder's own (bf16 for longlive-dit, nvfp4 for longlive-w4a4) | bf16 | nvfp4
+    precision: str = "auto"  # auto: the folder's own (bf16: longlive-dit, nvfp4: longlive-w4a4) | bf16 | nvfp4 | fp8
     default_duration_s: float = 5.0  # a prompt line without a duration
     seed: int = 0
     decode: str = "async"  # async: the VAE decodes chunk c while the DiT makes c + 1 | sync
@@ -53,8 +54,8 @@ class GenerateConfig:
             raise ConfigError(f"{where}.step_lists: give at least one list")
         if self.kv not in KV_FORMATS:
             raise ConfigError(f"{where}.kv must be one of {KV_FORMATS}; got {self.kv!r}")
-        if self.precision not in ("auto", "bf16", "nvfp4"):
-            raise ConfigError(f"{where}.precision must be auto, bf16 or nvfp4; got {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"{where}.precision must be one of {PRECISIONS}; got {self.precision!r}")
         if self.kv_four_over_six not in (None, "mse", "mae"):
             raise ConfigError(f"{where}.kv_four_over_six must be null, mse or mae; got {self.kv_four_over_six!r}")
         if self.decode not in ("async", "sync"):

@@ -1,7 +1,7 @@
 """``longlive generate``: a video from any model folder the chain makes and a prompt file.
 
     longlive generate --model models/w4a4 --prompts story.txt --out story.mp4 [--seed N] [--steps 4|2]
-                      [--kv nvfp4|bf16] [--precision bf16|nvfp4] [--decode async|sync]
+                      [--kv nvfp4|bf16] [--precision bf16|nvfp4|fp8] [--decode async|sync]
 
 Defaults come from ``params.yaml``'s ``generate`` section (``--params``); the text encoder, the VAE,
 the resolution, the frame rate, the chunk length and the shot offset from the model folder's
@@ -26,7 +26,7 @@ import torch
 from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.devices import pick_device
 from longlive_core.infer.decode import FrameStream, ShotDecoder
-from longlive_core.infer.engine import KV_FORMATS, GenerateConfig, generate
+from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, GenerateConfig, generate
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, parse_prompts, plan_shots
 from longlive_core.io.atomic import atomic_path, write_json
@@ -34,28 +34,32 @@ from longlive_core.models.text import text_encoder_from
 from longlive_core.models.vae import vae_from
 from longlive_core.models.weights import CheckpointError
 from longlive_core.progress import Progress, setup_logging
-from longlive_core.quant.recipe import convert_linears
+from longlive_core.quant.recipe import convert_linears, convert_linears_fp8
 from longlive_core.video.writer import VideoWriter
 
 log = logging.getLogger("longlive.generate")
 
 
 def prepare_model(directory: Path, precision: str, device: torch.device):
-    """(model, config, recipe): a longlive-dit folder in bf16 (float32 on the CPU) or packed NVFP4;
-    a longlive-w4a4 folder as it is (it holds no BF16 weights)."""
+    """(model, config, recipe): a longlive-dit folder in bf16 (float32 on the CPU), packed NVFP4 or
+    FP8 W8A8 (the AR model's skip list kept in high precision); a longlive-w4a4 folder as it is (it
+    holds no BF16 weights)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model, config = load_model_folder(directory, device, dtype)
     kind = config["format"]
     if kind == "longlive-w4a4":
-        if precision == "bf16":
+        if precision in ("bf16", "fp8"):
             raise ConfigError(f"{directory} holds the W4A4 model (NVFP4 weights, no BF16 copy): run it with "
-                              "--precision nvfp4, or generate from the AR model folder for BF16")
+                              f"--precision nvfp4, or generate from the AR model folder for {precision}")
         return model, config, config["longlive_quantization"].get("recipe", "nvfp4")
+    rules = config["precision"]
     if precision == "nvfp4":
-        skip = config["precision"]
-        convert_linears(model, "nvfp4", skip=tuple(skip["skip"]), keep_last_blocks=skip["keep_last_blocks"],
+        convert_linears(model, "nvfp4", skip=tuple(rules["skip"]), keep_last_blocks=rules["keep_last_blocks"],
                         packed=True)
         return model, config, "nvfp4"
+    if precision == "fp8":
+        convert_linears_fp8(model, skip=tuple(rules["skip"]), keep_last_blocks=rules["keep_last_blocks"])
+        return model, config, "fp8"
     return model, config, "bf16"
 
 
@@ -167,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--steps", type=int, help="sampling steps: the list of that length in generate.step_lists")
     ap.add_argument("--kv", choices=KV_FORMATS, help="the KV cache's format")
-    ap.add_argument("--precision", choices=("auto", "bf16", "nvfp4"), help="the linear layers' weights")
+    ap.add_argument("--precision", choices=PRECISIONS, help="the linear layers' weights (fp8: W8A8, Hopper's fast "
+                    "path)")
     ap.add_argument("--decode", choices=("async", "sync"))
     ap.add_argument("--device", help="auto | cpu | cuda")
     ap.add_argument("--params", help="params file with a generate section (default: ./params.yaml if present)")

@@ -6,8 +6,8 @@
 (embeddings, patch embedding, head: the paper keeps these in BF16), when it is in the last
 ``keep_last_blocks`` entries of the ``blocks_attr`` ModuleList, or when its dimensions are not
 multiples of 16. The report says which layers were converted and why the others were not.
-Recipe ``bf16`` converts nothing. Later backends (Transformer Engine, FP8, MXFP4) are new names
-in ``RECIPES``.
+Recipe ``bf16`` converts nothing. ``convert_linears_fp8`` applies the same rules for FP8 W8A8
+inference layers (``quant/fp8.py``), which are not a training recipe.
 """
 from __future__ import annotations
 
@@ -65,6 +65,34 @@ def convert_linears(model: nn.Module, recipe: str, skip: tuple[str, ...] = DEFAU
         return report
     if overrides:
         config = dataclasses.replace(config, **overrides)
+    layer = PackedNVFP4Linear if packed else NVFP4Linear
+    return _replace(model, report, eligible_linears(model, report, skip, keep_last_blocks, blocks_attr),
+                    lambda linear: layer.from_linear(linear, config))
+
+
+def convert_linears_fp8(model: nn.Module, skip: tuple[str, ...] = DEFAULT_SKIP, keep_last_blocks: int = 0,
+                        blocks_attr: str = "blocks") -> ConversionReport:
+    """The eligible linears (``convert_linears``' rules) as frozen FP8 W8A8 layers, for inference."""
+    from longlive_core.quant.fp8 import FP8Linear
+
+    report = ConversionReport("fp8")
+    return _replace(model, report, eligible_linears(model, report, skip, keep_last_blocks, blocks_attr),
+                    FP8Linear.from_linear)
+
+
+def _replace(model: nn.Module, report: ConversionReport, targets: list[str], make) -> ConversionReport:
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, make(getattr(parent, child)))
+        report.converted.append(name)
+    log.info(report.summary())
+    return report
+
+
+def eligible_linears(model: nn.Module, report: ConversionReport, skip: tuple[str, ...], keep_last_blocks: int,
+                     blocks_attr: str) -> list[str]:
+    """The names of the ``nn.Linear`` layers to convert; the others go into ``report.kept`` with why."""
     last = _last_block_prefixes(model, blocks_attr, keep_last_blocks)
     targets = []
     for name, module in model.named_modules():
@@ -78,14 +106,7 @@ def convert_linears(model: nn.Module, recipe: str, skip: tuple[str, ...] = DEFAU
             report.kept[name] = f"shape {module.out_features}x{module.in_features} is not a multiple of 16"
         else:
             targets.append(name)
-    for name in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        layer = PackedNVFP4Linear if packed else NVFP4Linear
-        setattr(parent, child, layer.from_linear(getattr(parent, child), config))
-        report.converted.append(name)
-    log.info(report.summary())
-    return report
+    return targets
 
 
 def set_forward_high_precision(model: nn.Module, on: bool) -> int:
