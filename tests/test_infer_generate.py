@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import statistics
 from pathlib import Path
 
 import av
@@ -119,7 +120,7 @@ def heap_in_use() -> int:
 
 def test_memory_stays_flat_as_the_video_grows(model_dir, tmp_path):
     """Heap memory in use sampled after every chunk of a 50 s video: after the first chunks it stops
-    growing. Holding the frames would add 96 KB a chunk (11 MB over the 120 chunks measured)."""
+    growing. Holding the frames would add 96 KB a chunk (about 10 MB between the two windows compared)."""
     model, folder = load_model_folder(model_dir)
     encoder = text_encoder_from("tiny", 16)
     texts = [encoder.encode(["a long take"])]
@@ -134,8 +135,9 @@ def test_memory_stays_flat_as_the_video_grows(model_dir, tmp_path):
         finally:
             stream.close()
     assert stats.chunks == 150 and stream.frames == 1 + 4 * (300 - 1)
-    growth = max(used[30:]) - used[29]
-    assert growth < 3 * 2**20, f"heap memory in use grew {growth / 2**20:.1f} MiB over 120 chunks"
+    # medians, so a sample taken while the decoder's activations are alive does not count as growth
+    growth = statistics.median(used[120:]) - statistics.median(used[20:50])
+    assert growth < 3 * 2**20, f"heap memory in use grew {growth / 2**20:.1f} MiB over 100 chunks"
 
 
 def test_bad_prompt_lines_and_a_bf16_run_of_a_w4a4_folder_are_refused(model_dir, tmp_path, capsys):
