@@ -60,3 +60,13 @@ def test_the_triton_quantizer_gives_torchs_codes_and_scales():
         q_ref, s_ref = quantize_rows_torch(x)
         assert torch.equal(s, s_ref)
         assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch._scaled_mm's FP8 GEMM needs CUDA")
+def test_the_cuda_layer_equals_the_cpu_products_to_bf16_rounding():
+    torch.manual_seed(0)
+    linear = nn.Linear(3072, 1024).to(torch.bfloat16)
+    x = torch.randn(256, 3072, dtype=torch.bfloat16)
+    cpu = FP8Linear.from_linear(linear)(x).float()
+    gpu = FP8Linear.from_linear(linear.cuda())(x.cuda()).float().cpu()
+    assert float((gpu - cpu).norm() / cpu.norm()) < 0.01  # accumulation order and bf16 rounding only

@@ -2,11 +2,12 @@
 
 Weights and activations in E4M3 with one FP32 scale per row (per output channel for the weight, per
 token for the activation: amax / 448), multiplied by ``torch._scaled_mm`` with row-wise scales and
-BF16 output. REFERENCE.md §7: the GEMM alone is 1.56-1.78x BF16's on the H200, and an eager torch
-quantization of the activation eats it all, so on CUDA the activation is quantized by one Triton
-kernel that reads each row once for its amax and once to scale and cast (the row stays in cache).
-The weight is quantized once, at conversion, and held in FP8 with no BF16 copy. Inference only:
-nothing here has a backward.
+BF16 output on CUDA (on the CPU, the same products in float32, rounded to BF16 as the GPU's are).
+REFERENCE.md §7: the GEMM alone is 1.56-1.78x BF16's on the H200, and an eager torch quantization of
+the activation eats it all, so on CUDA the activation is quantized by one Triton kernel that reads
+each row once for its amax and once to scale and cast (the row stays in cache). The weight is
+quantized once, at conversion, and held in FP8 with no BF16 copy. Inference only: nothing here has
+a backward.
 """
 from __future__ import annotations
 
@@ -58,8 +59,12 @@ class FP8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         codes, scale = quantize_rows(x.reshape(-1, self.in_features))
-        y = torch._scaled_mm(codes, self.weight_fp8.t(), scale_a=scale, scale_b=self.weight_scale.t(),
-                             bias=self.bias, out_dtype=torch.bfloat16, use_fast_accum=True)
+        if x.is_cuda:
+            y = torch._scaled_mm(codes, self.weight_fp8.t(), scale_a=scale, scale_b=self.weight_scale.t(),
+                                 bias=self.bias, out_dtype=torch.bfloat16, use_fast_accum=True)
+        else:  # the same products in float32 (torch 2.11 has no CPU _scaled_mm): for tests and CPU runs
+            y = (codes.float() * scale) @ (self.weight_fp8.float() * self.weight_scale).t()
+            y = (y if self.bias is None else y + self.bias.float()).to(torch.bfloat16)
         return y.view(*shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
