@@ -1,6 +1,8 @@
 """evaluate's metrics on crafted videos whose answer is known, the verdict, and the registry lookup."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -81,3 +83,29 @@ def test_the_champion_alias_is_read_from_the_mlflow_registry(tmp_path):
         client.set_registered_model_alias("longlive-2.0", "champion", version.version)
         assert run.registered_alias("longlive-2.0", "champion") == ("1", {"temporal_flickering": 0.93})
         assert run.active
+
+
+def test_vbench_aggregation_on_crafted_results(tmp_path):
+    from longlive_core.evaluate.vbench import DIMENSIONS, VBenchResultError, aggregate, read_results
+
+    top = {n: d.high for n, d in DIMENSIONS.items()}
+    assert aggregate(top)["total"] == pytest.approx(1.0)
+    assert aggregate({n: d.low for n, d in DIMENSIONS.items()})["total"] == pytest.approx(0.0)
+    # by hand: quality dimensions at half their range but dynamic degree at its top (weight 0.5),
+    # semantic ones at a quarter: Quality = (6 x 0.5 + 0.5 x 1) / 6.5, Semantic = 0.25
+    crafted = {n: d.low + (0.5 if d.group == "quality" else 0.25) * (d.high - d.low) for n, d in DIMENSIONS.items()}
+    crafted["dynamic_degree"] = 1.0
+    out = aggregate(crafted)
+    assert out["quality"] == pytest.approx(3.5 / 6.5) and out["semantic"] == pytest.approx(0.25)
+    assert out["total"] == pytest.approx((4 * 3.5 / 6.5 + 0.25) / 5) and out["missing"] == []
+    # VBench's result files, split in two as separate runs write them; one dimension missing
+    quality = {n: [v, []] for n, v in crafted.items() if DIMENSIONS[n].group == "quality"}
+    semantic = {n: [v, []] for n, v in crafted.items() if DIMENSIONS[n].group == "semantic" and n != "scene"}
+    (tmp_path / "a_eval_results.json").write_text(json.dumps(quality))
+    (tmp_path / "b_eval_results.json").write_text(json.dumps(semantic))
+    partial = aggregate(read_results(sorted(tmp_path.glob("*.json"))))
+    assert partial["quality"] == pytest.approx(out["quality"])
+    assert partial["semantic"] is None and partial["total"] is None and partial["missing"] == ["scene"]
+    (tmp_path / "c_eval_results.json").write_text(json.dumps({"sharpness": [0.5, []]}))
+    with pytest.raises(VBenchResultError, match="'sharpness' is not a VBench dimension"):
+        read_results([tmp_path / "c_eval_results.json"])
