@@ -19,13 +19,17 @@ from tasks.stage import report_path
 log = logging.getLogger("pipeline")
 
 
-def record_pipeline(repo_root: str | Path = ".") -> str | None:
+def tracking_config(repo_root: str | Path = ".") -> TrackingConfig:
+    params = load_params(Path(repo_root) / "params.yaml")
+    return stage_config(TrackingConfig, "tracking", params) if "tracking" in params else TrackingConfig()
+
+
+def record_pipeline(repo_root: str | Path = ".", run_id: str | None = None) -> str | None:
+    """Records into the pipeline run `run_id` (the flow's, which the stage runs nest under) or a new one."""
     root = Path(repo_root)
-    params = load_params(root / "params.yaml")
-    tracking = stage_config(TrackingConfig, "tracking", params) if "tracking" in params else TrackingConfig()
     lock = root / "dvc.lock"
     stages = list((yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages", {}))
-    with StageRun(tracking, "pipeline", root) as run:
+    with StageRun(tracking_config(root), "pipeline", root, resume_run_id=run_id) as run:
         tags = {}
         for stage in stages:
             rp = root / report_path(stage)

@@ -72,13 +72,13 @@ def run_ranks(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable
     import os
 
     from longlive_core.devices import pick_device
-    from longlive_core.train.launch import torchrun_command, under_torchrun
+    from longlive_core.train.launch import launch_command, under_torchrun
 
     setup_logging()
     if not under_torchrun():
         try:
             cfg = world(prepare(load_params()))
-            cmd = torchrun_command(f"tasks.{stage}", cfg.nnodes, cfg.nproc)
+            cmd = launch_command(f"tasks.{stage}", cfg.nnodes, cfg.nproc)
         except (ConfigError, SourceError, CheckpointError) as exc:
             print(f"{stage}: {exc}", file=sys.stderr)
             sys.exit(2)

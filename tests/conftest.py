@@ -103,3 +103,22 @@ def workspace_copy(repo: Path, dst: Path) -> Path:
     """The whole workspace (git, DVC cache, outputs, MLflow store) copied, for a variant to change."""
     shutil.copytree(repo, dst, symlinks=True)
     return dst
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """The local single-node cluster (started once; installs slurm-wlm and munge when missing)."""
+    state = tmp_path_factory.mktemp("slurm")
+    env = dict(os.environ, LONGLIVE_SLURM_DIR=str(state), LONGLIVE_SLURMCTLD_PORT="16817",
+               LONGLIVE_SLURMD_PORT="16818")
+    proc = subprocess.run(["bash", str(REPO / "infra/slurm/local_cluster.sh"), "start"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(state / "slurm.conf")
+    yield state
+    subprocess.run(["bash", str(REPO / "infra/slurm/local_cluster.sh"), "stop"], env=env, capture_output=True)
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old

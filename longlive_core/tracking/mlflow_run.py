@@ -24,6 +24,8 @@ from longlive_core.tracking.lineage import git_state
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# set by the Prefect flow for the stages it runs: their runs nest under the pipeline run
+PARENT_RUN_ENV = "LONGLIVE_MLFLOW_PARENT_RUN_ID"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +65,9 @@ class StageRun:
     """Context manager around ``mlflow.start_run`` for one DVC stage."""
 
     def __init__(self, cfg: TrackingConfig, stage: str, repo_root: str | Path = ".",
-                 run_name: str | None = None):
+                 run_name: str | None = None, resume_run_id: str | None = None):
         self.cfg, self.stage = cfg, stage
+        self.resume_run_id = resume_run_id  # log into this existing run instead of starting one
         self.repo_root = Path(repo_root)
         self.run_name = run_name or stage
         self.uri = resolve_store_uri(os.environ.get("MLFLOW_TRACKING_URI") or cfg.tracking_uri, self.repo_root)
@@ -105,6 +108,9 @@ class StageRun:
         from mlflow.tracking import MlflowClient
 
         self._client = MlflowClient(tracking_uri=self.uri)
+        if self.resume_run_id:
+            self._client.get_run(self.resume_run_id)  # fails here, not later, if the store lost it
+            return self.resume_run_id
         exp = self._client.get_experiment_by_name(self.cfg.experiment)
         if exp is None:
             artifact_location = None
@@ -113,12 +119,15 @@ class StageRun:
             exp_id = self._client.create_experiment(self.cfg.experiment, artifact_location=artifact_location)
         else:
             exp_id = exp.experiment_id
-        return self._client.create_run(exp_id, run_name=self.run_name).info.run_id
+        parent = os.environ.get(PARENT_RUN_ENV)
+        tags = {"mlflow.parentRunId": parent} if parent else None
+        return self._client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
 
     # -- API --------------------------------------------------------------------------------
     def __enter__(self) -> StageRun:
         self.run_id = self._safe("starting the run", self._start)
-        self.set_tags({"dvc.stage": self.stage, **git_state(self.repo_root)})
+        slurm = {"slurm.job_id": os.environ["SLURM_JOB_ID"]} if os.environ.get("SLURM_JOB_ID") else {}
+        self.set_tags({"dvc.stage": self.stage, **git_state(self.repo_root), **slurm})
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

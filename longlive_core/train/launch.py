@@ -1,7 +1,8 @@
 """The one way a training stage starts its ranks: ``torchrun`` with the world size from params.
 
-One node: ``--standalone`` (a local rendezvous). Several nodes (a Slurm job runs the same command on
-each): a c10d rendezvous at ``rdzv_endpoint`` (host:port of the first node) under one job id.
+One node: ``--standalone`` (a local rendezvous). Several nodes: a c10d rendezvous at
+``rdzv_endpoint`` (host:port of the first node) under one job id; inside a Slurm allocation
+(infra/slurm/stage.sbatch.j2 sets the endpoint) ``srun`` starts that torchrun once on every node.
 """
 from __future__ import annotations
 
@@ -28,6 +29,21 @@ def torchrun_command(module: str, nnodes: int, nproc: int, rdzv_endpoint: str | 
         cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}",
                 f"--rdzv_id={rdzv_id or os.environ.get(RDZV_ID_ENV, 'longlive')}"]
     return [*cmd, "-m", module]
+
+
+def launch_command(module: str, nnodes: int, nproc: int) -> list[str]:
+    """The command a stage re-executes itself as: torchrun on this node, or under a Slurm allocation of
+    several nodes ``srun`` running torchrun on each (the job's one process holds the DVC lock)."""
+    cmd = torchrun_command(module, nnodes, nproc)
+    if nnodes == 1:
+        return cmd
+    if not os.environ.get("SLURM_JOB_ID"):
+        return cmd  # another launcher started this on every node with the rendezvous set
+    allocated = int(os.environ.get("SLURM_JOB_NUM_NODES") or 0)
+    if allocated != nnodes:
+        raise ConfigError(f"params ask for {nnodes} nodes but this Slurm job holds {allocated}: submit the stage "
+                          "through the flow (it sizes the job from params) or fix nnodes")
+    return ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL", *cmd]
 
 
 def under_torchrun() -> bool:
