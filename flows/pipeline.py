@@ -105,7 +105,8 @@ def run_dvc_stage(stage: str, repo_root: str, executor: str | None = None) -> st
         if rc != 0:
             raise RuntimeError(f"dvc repro --single-item {stage} exited with {rc}; its log is above")
         where = "locally"
-    create_markdown_artifact(key=f"stage-{stage.replace('_', '-')}", markdown=stage_summary_markdown(stage, root, where),
+    create_markdown_artifact(key=f"stage-{stage.replace('_', '-')}",
+                             markdown=stage_summary_markdown(stage, root, where),
                              description=f"{stage}: what the stage reported")
     return stage
 

@@ -6,6 +6,7 @@ No Prefect here: the flow passes a log function and decides on retries from `Slu
 """
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
 import sys
@@ -162,10 +163,8 @@ def cancel_active(run: Run = subprocess.run) -> list[str]:
     with _ACTIVE_LOCK:
         jobs = sorted(_ACTIVE)
     for job_id in jobs:
-        try:
+        with contextlib.suppress(SlurmError):  # best effort on the way out
             cancel(job_id, run)
-        except SlurmError:
-            pass
     return jobs
 
 

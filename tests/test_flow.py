@@ -69,7 +69,8 @@ def test_flow_runs_a_stage_as_a_slurm_job_nested_under_the_pipeline_run(repo_cop
     assert (repo_copy / "data/demo/truth.json").is_file() and (repo_copy / "dvc.lock").is_file()
     log = next((repo_copy / "logs/slurm").glob("demo_data-*.log")).read_text()
     assert "as Slurm job" in log and "demo_data" in log
-    stage_run = _mlflow_run(repo_copy, json.loads((repo_copy / "reports/demo_data/run.json").read_text())["mlflow_run_id"])
+    report = json.loads((repo_copy / "reports/demo_data/run.json").read_text())
+    stage_run = _mlflow_run(repo_copy, report["mlflow_run_id"])
     assert stage_run.data.tags["slurm.job_id"].isdigit()
     parent = _mlflow_run(repo_copy, stage_run.data.tags["mlflow.parentRunId"])
     assert parent.info.run_name == "pipeline" and parent.info.status == "FINISHED"

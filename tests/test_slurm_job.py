@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -15,8 +14,16 @@ import pytest
 import yaml
 
 from flows.config import OrchestrationConfig, Placement, SlurmResources, orchestration_config
-from flows.slurm_job import (SlurmError, SlurmJobFailed, check_schedulable, job_status, parse_sacct,
-                             parse_scontrol, render_job_script, run_stage_job)
+from flows.slurm_job import (
+    SlurmError,
+    SlurmJobFailed,
+    check_schedulable,
+    job_status,
+    parse_sacct,
+    parse_scontrol,
+    render_job_script,
+    run_stage_job,
+)
 from longlive_core.config import ConfigError, load_params
 from longlive_core.train.launch import launch_command
 
@@ -235,7 +242,8 @@ def test_real_cluster_completes_fails_and_times_out(slurm, tmp_path):
     assert "the stage ran" in results["ok.log"]
     exc = results["fail"]
     assert isinstance(exc, SlurmJobFailed) and exc.state == "FAILED" and not exc.transient
-    assert "params.yaml has no work section" in exc.log_tail and "exit code 255:0" in str(exc)  # dvc exits 255 when a stage fails
+    # dvc exits 255 when a stage fails
+    assert "params.yaml has no work section" in exc.log_tail and "exit code 255:0" in str(exc)
     exc = results["slow"]
     assert isinstance(exc, SlurmJobFailed) and exc.state == "TIMEOUT" and not exc.transient, exc
 
