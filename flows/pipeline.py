@@ -148,7 +148,7 @@ def longlive_pipeline(repo_root: str = ".", targets: list[str] | None = None, ex
     return done
 
 
-def _exit_on_signal(signum, frame):
+def exit_on_signal(signum, frame):
     cancel_active()  # jobs of this run must not outlive it
     raise SystemExit(128 + signum)
 
@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor", choices=EXECUTORS, help="run every stage here or as Slurm jobs (overrides "
                     "params orchestration for this run)")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    signal.signal(signal.SIGINT, _exit_on_signal)
+    signal.signal(signal.SIGTERM, exit_on_signal)
+    signal.signal(signal.SIGINT, exit_on_signal)
     longlive_pipeline(repo_root=args.repo, targets=args.target, executor=args.executor)
     return 0
 
