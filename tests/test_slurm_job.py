@@ -283,3 +283,57 @@ def test_sigterm_to_a_local_flow_run_cancels_its_job(slurm, tmp_path):
     while _state(job_id) not in ("CANCELLED",) and time.time() < deadline:
         time.sleep(0.5)
     assert _state(job_id) == "CANCELLED", out
+
+
+@pytest.mark.slow
+def test_cancelling_a_served_flow_run_cancels_its_slurm_job(slurm, tmp_path):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+    from prefect.states import Cancelling
+    from prefect.testing.utilities import prefect_test_harness
+
+    root = _dvc_project(tmp_path / "p", "sleep 300 && touch out.txt")
+    serve = ("from flows.pipeline import longlive_pipeline; "
+             f"longlive_pipeline.serve(name='cancel-test', parameters={{'repo_root': {str(root)!r}, 'executor': 'slurm'}})")
+    with prefect_test_harness(server_startup_timeout=120):
+        env = cli_env(PYTHONPATH=str(REPO), PREFECT_API_URL=PREFECT_API_URL.value(), SLURM_CONF=os.environ["SLURM_CONF"],
+                      PREFECT_RUNNER_POLL_FREQUENCY="1")
+        runner = subprocess.Popen([sys.executable, "-c", serve], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+
+        async def start() -> str:
+            async with get_client() as client:
+                for _ in range(120):
+                    try:
+                        dep = await client.read_deployment_by_name("longlive-pipeline/cancel-test")
+                        break
+                    except Exception:  # noqa: BLE001 - not registered yet
+                        await asyncio.sleep(0.5)
+                run = await client.create_flow_run_from_deployment(dep.id)
+                return run.id
+
+        async def cancel(run_id) -> str:
+            async with get_client() as client:
+                await client.set_flow_run_state(run_id, Cancelling(), force=True)
+                for _ in range(120):
+                    state = (await client.read_flow_run(run_id)).state
+                    if state.is_final():
+                        return state.type.value
+                    await asyncio.sleep(0.5)
+                return state.type.value
+
+        try:
+            run_id = asyncio.run(start())
+            job_id = _wait_running(root / "logs/slurm", timeout=180)
+            final = asyncio.run(cancel(run_id))
+            deadline = time.time() + 30
+            while _state(job_id) != "CANCELLED" and time.time() < deadline:
+                time.sleep(0.5)
+            job_state = _state(job_id)
+        finally:
+            runner.terminate()
+            out = runner.communicate(timeout=60)[0]
+    assert final == "CANCELLED", out[-3000:]
+    assert job_state == "CANCELLED", out[-3000:]
