@@ -295,11 +295,12 @@ def test_cancelling_a_served_flow_run_cancels_its_slurm_job(slurm, tmp_path):
     from prefect.testing.utilities import prefect_test_harness
 
     root = _dvc_project(tmp_path / "p", "sleep 300 && touch out.txt")
+    parameters = {"repo_root": str(root), "executor": "slurm"}
     serve = ("from flows.pipeline import longlive_pipeline; "
-             f"longlive_pipeline.serve(name='cancel-test', parameters={{'repo_root': {str(root)!r}, 'executor': 'slurm'}})")
+             f"longlive_pipeline.serve(name='cancel-test', parameters={parameters!r})")
     with prefect_test_harness(server_startup_timeout=120):
-        env = cli_env(PYTHONPATH=str(REPO), PREFECT_API_URL=PREFECT_API_URL.value(), SLURM_CONF=os.environ["SLURM_CONF"],
-                      PREFECT_RUNNER_POLL_FREQUENCY="1")
+        env = cli_env(PYTHONPATH=str(REPO), PREFECT_API_URL=PREFECT_API_URL.value(),
+                      SLURM_CONF=os.environ["SLURM_CONF"], PREFECT_RUNNER_POLL_FREQUENCY="1")
         runner = subprocess.Popen([sys.executable, "-c", serve], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
 
