@@ -93,3 +93,22 @@ def test_helpers():
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
     assert redact_uri("https://u:p@host/x") == "https://***@host/x"
     assert redact_uri("sqlite:///mlflow.db") == "sqlite:///mlflow.db"
+
+
+def test_nested_runs_slurm_tag_resume_and_system_metrics(git_repo, monkeypatch):
+    import time
+
+    root, _ = git_repo
+    with StageRun(TrackingConfig(), "pipeline", repo_root=root) as parent:
+        monkeypatch.setenv("LONGLIVE_MLFLOW_PARENT_RUN_ID", parent.run_id)
+        monkeypatch.setenv("SLURM_JOB_ID", "812")
+        with StageRun(TrackingConfig(system_metrics_s=0.2), "ingest", repo_root=root) as child:
+            time.sleep(0.8)
+        with StageRun(TrackingConfig(), "pipeline", repo_root=root, resume_run_id=parent.run_id) as again:
+            again.set_tags({"late": "yes"})
+    client = MlflowClient(store(root))
+    c = client.get_run(child.run_id)
+    assert c.data.tags["mlflow.parentRunId"] == parent.run_id and c.data.tags["slurm.job_id"] == "812"
+    assert any(k.startswith("system/cpu_utilization") for k in c.data.metrics), c.data.metrics
+    p = client.get_run(parent.run_id)
+    assert p.data.tags["late"] == "yes" and "mlflow.parentRunId" not in p.data.tags

@@ -35,6 +35,7 @@ class TrackingConfig:
     experiment: str = "longlive-pipeline"
     artifact_root: str = "mlartifacts"  # for a local store: where run artifacts go
     timeout_s: float = 10.0  # for a remote store: how long to wait before giving up on it
+    system_metrics_s: float = 0.0  # CPU, memory, disk, network (and GPU with pynvml) every N s; 0: off
 
 
 def redact_uri(uri: str) -> str:
@@ -74,6 +75,7 @@ class StageRun:
         self.active = cfg.enabled
         self.run_id: str | None = None
         self._client: Any = None
+        self._monitor: Any = None
         if not cfg.enabled:
             log.info("MLflow tracking is off (tracking.enabled: false)")
 
@@ -124,14 +126,25 @@ class StageRun:
         return self._client.create_run(exp_id, run_name=self.run_name, tags=tags).info.run_id
 
     # -- API --------------------------------------------------------------------------------
+    def _start_system_metrics(self) -> None:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.cfg.system_metrics_s,
+                                             tracking_uri=self.uri)
+        self._monitor.start()
+
     def __enter__(self) -> StageRun:
         self.run_id = self._safe("starting the run", self._start)
+        if self.run_id and self.cfg.system_metrics_s > 0 and not self.resume_run_id:
+            self._safe("starting system metrics", self._start_system_metrics)
         slurm = {"slurm.job_id": os.environ["SLURM_JOB_ID"]} if os.environ.get("SLURM_JOB_ID") else {}
         self.set_tags({"dvc.stage": self.stage, **git_state(self.repo_root), **slurm})
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         status = "FAILED" if exc_type else "FINISHED"
+        if self._monitor is not None:
+            self._safe("stopping system metrics", self._monitor.finish)
         if exc_type:
             self.set_tags({"error": f"{exc_type.__name__}: {exc}"[:500]})
         self._safe("ending the run", lambda: self._client.set_terminated(self.run_id, status=status))
