@@ -30,11 +30,11 @@ LATENT_INDEX = LATENTS / "index.parquet"
 LATENTS_FAILED = LATENTS / "failed.parquet"
 
 AR_MODEL = Path("models/ar")  # train_ar's model folder (MISSION.md "Model folders")
-AR_CHECKPOINTS = Path("checkpoints/train_ar")  # persist: true in dvc.yaml, so a rerun resumes
+AR_CHECKPOINTS = Path("checkpoints/train_ar")  # not a DVC output: DVC never deletes it, so a rerun resumes
 TRAIN_AR_HISTORY = Path("reports/train_ar/history.jsonl")
 
 DMD_MODEL = Path("models/dmd")  # distill_dmd's: the generator's LoRA as a peft adapter
-DMD_CHECKPOINTS = Path("checkpoints/distill_dmd")  # persist: true, so a killed distillation resumes
+DMD_CHECKPOINTS = Path("checkpoints/distill_dmd")  # not a DVC output either: a killed distillation resumes
 DISTILL_DMD_HISTORY = Path("reports/distill_dmd/history.jsonl")
 
 W4A4_MODEL = Path("models/w4a4")  # merge_w4a4's: the merged model, packed NVFP4

@@ -1,8 +1,8 @@
 """DVC stage `train_ar`: AR teacher-forcing training on data/latents/, written to models/ar/ (the EMA
 weights as safetensors and config.json). The stage starts its ranks through torchrun
 (train_ar.nnodes x train_ar.nproc; gloo on the CPU, NCCL on GPUs) and re-enters this module in each;
-rank 0 logs to MLflow and writes reports/train_ar/. Checkpoints in checkpoints/train_ar/ (kept by DVC
-between runs) let a killed or extended run continue where it stopped."""
+rank 0 logs to MLflow and writes reports/train_ar/. Checkpoints in checkpoints/train_ar/ (not a DVC output,
+so DVC never deletes them) let a killed or extended run continue where it stopped."""
 from __future__ import annotations
 
 import dataclasses
