@@ -3,6 +3,7 @@
     longlive generate --model DIR --prompts FILE --out FILE.mp4 ...   # a video from a model folder
     longlive bundle verify|fetch ...                                  # a model bundle, on disk or on S3
     longlive params apply|check OVERLAY                               # production values into params.yaml
+    longlive plan --videos N --gpus K [--gpu h200|gb200]              # what a run costs, stage by stage
 
 The pipeline's own commands stay where the layering puts them: ``longlive-flow`` (Prefect) and
 ``dvc repro``.
@@ -16,6 +17,7 @@ COMMANDS = {
     "generate": ("longlive_core.infer.generate", "a video from a model folder and a prompt file"),
     "bundle": ("longlive_core.package.cli", "verify or fetch a model bundle (a folder or s3://...)"),
     "params": ("longlive_core.params_overlay", "merge or check a params overlay (configs/production.yaml)"),
+    "plan": ("longlive_core.plan.cli", "hours and GPU-hours per stage for a run, from measured rates"),
 }
 
 

@@ -1,0 +1,81 @@
+"""`longlive plan`: its arithmetic on crafted rates, and its refusal to guess a rate nobody measured."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from longlive_core.config import ConfigError
+from longlive_core.plan.capacity import Workload, estimate, plan
+from longlive_core.plan.cli import STAGES, main, production_params
+from longlive_core.plan.rates import Rate, find_rate, load_rates
+
+from .conftest import REPO
+
+
+def _rate(stage, device, value, unit, devices=1, variant=""):
+    return Rate(stage, device, value, unit, devices, variant, source="row", machine="m", date="2026-01-01")
+
+
+@pytest.fixture(scope="module")
+def params():
+    return production_params(REPO / "configs/production.yaml")
+
+
+def test_arithmetic_on_crafted_rates(params):
+    w = Workload(videos=3600, gpus=8, cpu_cores=4, video_seconds=60, shot_seconds=6)
+    rates = [_rate("ingest", "cpu", 2.0, "files/s", devices=2),  # 1 file/s per core
+             _rate("iqa_filter", "h200", 4.0, "frames/s"),
+             _rate("encode_latents", "h200", 240.0, "frames/s", devices=4, variant="sp4"),
+             _rate("encode_latents", "h200", 1e9, "frames/s", variant="sp1")]  # not production's sp: unused
+    ingest = estimate("ingest", params, w, rates)
+    assert ingest.device_hours == pytest.approx(1.0) and ingest.hours == pytest.approx(0.25)  # 3600 core-s / 4
+    iqa = estimate("iqa_filter", params, w, rates)
+    frames = 3600 * 60 / 6 * params["iqa_filter"]["frames_per_shot"]
+    assert iqa.work == frames and iqa.device_hours == pytest.approx(frames / 4 / 3600)
+    assert iqa.hours == pytest.approx(iqa.device_hours / 8)
+    enc = estimate("encode_latents", params, w, rates)
+    assert params["encode_latents"]["sp"] == 4 and enc.rate.variant == "sp4"
+    assert enc.device_hours == pytest.approx(3600 * 60 * params["encode_latents"]["clip"]["fps"] / 60 / 3600)
+
+
+def test_train_ar_counts_the_flops_the_benchmark_counts(params):
+    from longlive_core.models.config import dit_config
+    from longlive_core.train.flops import step_flops
+    from longlive_core.train.layout import TeacherForcingLayout
+
+    t = params["train_ar"]
+    one = step_flops(dit_config(t["model"]), TeacherForcingLayout(96, 8, 880, 512), captions=1)
+    rates = [_rate("train_ar", "h200", 500.0, "TFLOP/s", variant=t["precision"]["recipe"])]
+    e = estimate("train_ar", params, Workload(videos=1, gpus=32), rates)
+    samples = t["nnodes"] * t["nproc"] // t["sp"] * t["grad_accum"]
+    assert samples == 16 and e.work == pytest.approx(t["steps"] * samples * one / 1e12)
+    assert e.hours == pytest.approx(e.work / 500 / 3600 / 32)
+
+
+def test_a_stage_without_a_measured_rate_is_never_estimated(params):
+    rates = [Rate("shots", "cpu", None, "video-s/s", note="only detection was timed"),
+             _rate("ingest", "cpu", 1.0, "files/s")]
+    out = plan(params, Workload(videos=10, gpus=2, gpu="gb200"), rates, ["ingest", "shots", "train_ar"])
+    ingest, shots, train = out
+    assert ingest.hours is not None
+    assert shots.hours is None and shots.missing == "no measured rate: only detection was timed"
+    assert train.hours is None and train.missing == "no measured rate: no train_ar rate measured on gb200 (nvfp4)"
+
+
+def test_rates_file_needs_sources_and_the_committed_one_loads(tmp_path):
+    bad = tmp_path / "rates.yaml"
+    bad.write_text(yaml.safe_dump({"rates": [{"stage": "ingest", "device": "cpu", "value": 3.0, "unit": "files/s"}]}))
+    with pytest.raises(ConfigError, match="needs a positive value and its source, machine and date"):
+        load_rates(bad)
+    rates = load_rates()
+    assert find_rate(rates, "train_ar", "h200", "nvfp4").value == pytest.approx(0.392 * 989, rel=1e-3)
+    assert find_rate(rates, "shots", "cpu").value is None
+
+
+def test_cli_prints_every_stage_and_what_the_total_leaves_out(capsys):
+    assert main(["--videos", "120000", "--gpus", "32"]) == 0
+    out = capsys.readouterr().out
+    for stage in STAGES:
+        assert f"\n{stage} " in out
+    assert "not in the total (no measured rate): shots, merge_w4a4, package" in out
+    assert main(["--videos", "0", "--gpus", "32"]) == 2
