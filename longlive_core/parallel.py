@@ -3,8 +3,9 @@
 Stages hand a top-level function and a list of items to ``Executor.map_unordered`` and get back
 ``(item, result)`` pairs as they finish, where a result is either the function's return value or
 the exception it raised: one failing item never stops the others. ``local`` runs worker
-processes on this machine; the orchestration issue adds Ray or Dask executors behind the same
-interface. The per-item functions know nothing about processes.
+processes on this machine; ``dask`` runs the items on a Dask cluster (a local one of the stage's
+workers, or the scheduler at params ``dask.address``). The per-item functions know nothing about
+processes.
 """
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
+
+from longlive_core.config import ConfigError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -75,9 +79,85 @@ class LocalProcessExecutor:
 
 
 _END = object()
+EXECUTORS = ("local", "dask")
 
 
-def make_executor(kind: str, workers: int) -> Executor:
+@dataclass(frozen=True)
+class DaskConfig:
+    """params `dask`: the cluster behind `executor: dask`. Where work runs changes no output, so no
+    DVC stage lists it. Credentials (TLS certificates) come from Dask's own environment variables
+    (DASK_DISTRIBUTED__COMM__TLS__...), never from params."""
+    address: str = ""  # empty: a local cluster of the stage's workers; else the scheduler, tcp:// or tls://
+    retries: int = 2  # times an item may lose its worker and be run again before it fails alone
+
+    def validate(self, where: str) -> None:
+        if self.retries < 0:
+            raise ConfigError(f"{where}.retries must be >= 0")
+
+
+class DaskExecutor:
+    """Items as tasks on a Dask cluster, results streamed back as they finish.
+
+    A worker that dies loses only the items it was running: the scheduler runs them again on
+    another worker (its nanny restarts the dead one), up to ``retries`` times per item, after which
+    that item alone fails (KilledWorker). As with the local executor, at most ``2 * workers`` items
+    are in flight and a result is released once yielded. ``resources`` (e.g. {"GPU": 1}) is what a
+    task holds on its worker; workers declare theirs (``dask worker --resources GPU=1``).
+    """
+
+    def __init__(self, workers: int, cfg: DaskConfig = DaskConfig(), resources: dict[str, float] | None = None):
+        self.workers, self.cfg, self.resources = workers, cfg, resources
+
+    def _client(self):
+        from dask.distributed import Client, LocalCluster
+
+        if self.cfg.address:
+            return Client(self.cfg.address), None
+        cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
+                               dashboard_address=None, resources=self.resources)
+        return Client(cluster), cluster
+
+    def map_unordered(self, fn, items):
+        import dask
+        from dask.distributed import as_completed
+
+        # Read by the scheduler when it starts (a local cluster here; a remote one from its own config).
+        # Saturation 1.0: a worker holds only the item it runs, so one that dies takes no bystanders
+        # with it (every item on a dead worker counts one failure towards allowed-failures).
+        with dask.config.set({"distributed.scheduler.allowed-failures": self.cfg.retries,
+                              "distributed.scheduler.worker-saturation": 1.0}):
+            client, cluster = self._client()
+        try:
+            limit = 2 * max(1, len(client.scheduler_info().get("workers", {})), self.workers)
+            pending, running, done = iter(items), {}, as_completed()
+
+            def top_up() -> None:
+                while len(running) < limit:
+                    item = next(pending, _END)
+                    if item is _END:
+                        return
+                    fut = client.submit(fn, item, pure=False, resources=self.resources)
+                    running[fut.key] = item
+                    done.add(fut)
+
+            top_up()
+            for fut in done:
+                item = running.pop(fut.key)
+                result = fut.exception() if fut.status == "error" else fut.result()
+                fut.release()
+                del fut
+                yield item, result
+                del result
+                top_up()
+        finally:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+
+
+def make_executor(kind: str, workers: int, dask_cfg: DaskConfig | None = None) -> Executor:
+    if kind == "dask":
+        return DaskExecutor(workers, dask_cfg or DaskConfig())
     if kind != "local":
-        raise ValueError(f"executor {kind!r} is not available; use 'local'")
+        raise ValueError(f"executor {kind!r} is not available; use one of {EXECUTORS}")
     return InlineExecutor() if workers <= 1 else LocalProcessExecutor(workers)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from longlive_core.config import stage_config
+from longlive_core.config import from_mapping, stage_config
 from longlive_core.io.atomic import remove_stale_tmp, write_parquet
-from longlive_core.parallel import make_executor
+from longlive_core.parallel import DaskConfig, make_executor
 from longlive_core.shots.detect import ShotsConfig
 from longlive_core.shots.split import split_videos
 from longlive_core.tracking.lineage import digest_file
@@ -23,10 +23,12 @@ from tasks.stage import main_for
 class Prepared:
     shots: ShotsConfig
     raw_root: Path
+    dask: DaskConfig
 
 
 def prepare(params) -> Prepared:
-    return Prepared(stage_config(ShotsConfig, "shots", params), raw_root(params))
+    dask = from_mapping(DaskConfig, params.get("dask"), "dask")  # where the work runs: not a DVC param of shots
+    return Prepared(stage_config(ShotsConfig, "shots", params), raw_root(params), dask)
 
 
 def body(cfg: Prepared, run):
@@ -34,7 +36,7 @@ def body(cfg: Prepared, run):
     run.set_tags({"input.manifest.sha256": digest_file(MANIFEST)})
     manifest = pd.read_parquet(MANIFEST)
     out = split_videos(manifest, cfg.raw_root, cfg.shots, SHOTS_STATE, CLIPS,
-                       make_executor(cfg.shots.executor, cfg.shots.workers))
+                       make_executor(cfg.shots.executor, cfg.shots.workers, cfg.dask))
     write_parquet(out.shots, SHOTS)
     write_parquet(out.rejected, REJECTED)
     run.log_metrics(out.counts)

@@ -26,7 +26,7 @@ class ShotsConfig:
     clip_preset: str = "veryfast"
     shard_max_mb: float = 1024.0  # a shard is closed (and its videos committed) past this size
     workers: int = 2
-    executor: str = "local"
+    executor: str = "local"  # local (processes here) | dask (params `dask`: a local or remote cluster)
 
     def validate(self, where: str) -> None:
         if self.detector not in ("adaptive", "content"):

@@ -1,0 +1,59 @@
+"""The Dask executor on a local cluster: the local executor's results, a dead worker's item run
+again, an item that keeps killing workers failing alone, and shots split the same way."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from longlive_core.config import ConfigError, from_mapping
+from longlive_core.parallel import DaskConfig, DaskExecutor, LocalProcessExecutor, make_executor
+
+from .helpers.dask_items import always_die, die_once, root
+
+pytestmark = pytest.mark.slow
+
+
+def test_same_results_as_the_local_executor_and_failures_per_item():
+    items = [4, -1, 9, 16, 25, 36]
+    local = dict(LocalProcessExecutor(2).map_unordered(root, items))
+    dask = dict(DaskExecutor(2).map_unordered(root, items))
+    assert {k: v for k, v in dask.items() if k != -1} == {k: v for k, v in local.items() if k != -1}
+    assert isinstance(dask[-1], ValueError) and str(dask[-1]) == str(local[-1])
+    assert isinstance(make_executor("dask", 2), DaskExecutor)
+    with pytest.raises(ConfigError, match="retries must be >= 0"):
+        from_mapping(DaskConfig, {"retries": -1}, "dask")
+
+
+def test_a_killed_worker_loses_only_its_item_which_is_run_again(tmp_path):
+    marker = str(tmp_path / "died")
+    results = dict(DaskExecutor(2).map_unordered(die_once, [(marker, x) for x in range(6)]))
+    assert {x: r for (_, x), r in results.items()} == {x: x * 10 for x in range(6)}
+    assert (tmp_path / "died").exists()  # item 2 did kill a worker the first time
+
+
+def test_an_item_that_keeps_killing_workers_fails_alone():
+    from distributed.scheduler import KilledWorker
+
+    results = dict(DaskExecutor(2, DaskConfig(retries=1)).map_unordered(always_die, [0, 1, 2, 3]))
+    assert isinstance(results[1], KilledWorker)
+    assert {k: v for k, v in results.items() if k != 1} == {0: 0, 2: 2, 3: 3}
+
+
+def test_shots_on_a_local_dask_cluster_equal_the_local_executors(demo_copy, tmp_path):
+    from longlive_core.data.ingest import IngestConfig, IngestState, ingest
+    from longlive_core.data.sources import LocalSource
+    from longlive_core.shots.detect import ShotsConfig
+    from longlive_core.shots.split import split_videos
+
+    from .test_shots import DEMO_SHOTS
+
+    raw, _ = demo_copy
+    m = ingest(LocalSource(raw).list(), from_mapping(IngestConfig, {"source": str(raw)}, "ingest"),
+               IngestState(tmp_path / "ingest_state"), str(raw)).manifest
+    cfg = from_mapping(ShotsConfig, DEMO_SHOTS, "shots")
+    outs = {}
+    for name, executor in (("local", LocalProcessExecutor(2)), ("dask", DaskExecutor(2))):
+        out = split_videos(m, raw, cfg, tmp_path / name / "state", tmp_path / name / "clips", executor)
+        outs[name] = out.shots.drop(columns=[c for c in out.shots.columns if "shard" in c]).sort_values(
+            ["path", "start_frame"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(outs["dask"], outs["local"])
