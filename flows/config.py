@@ -25,6 +25,7 @@ class SlurmResources:
     gpus_per_node: int = 0
     cpus_per_task: int = 1
     mem: str = ""  # empty: the partition's default
+    container_image: str = ""  # with pyxis: the stage runs in this image (the repository mounted at its path)
 
     def validate(self, where: str) -> None:
         if not _SLURM_TIME.match(self.time):
@@ -88,6 +89,10 @@ class OrchestrationConfig:
         nodes = stage_params.get("nnodes", 1)
         if not isinstance(nodes, int) or nodes < 1:
             raise ConfigError(f"{stage}.nnodes: expected a positive integer, got {nodes!r}")
+        if chosen == "slurm" and p.container_image and nodes > 1:
+            raise ConfigError(f"orchestration.stages.{stage}.container_image: a {nodes}-node stage starts its ranks "
+                              "with srun from inside the job, which a container does not have; run it on the "
+                              "nodes' own environment (container_image: \"\")")
         fields = {f.name for f in dataclasses.fields(SlurmResources)}
         resources = SlurmResources(**{k: v for k, v in dataclasses.asdict(p).items() if k in fields})
         return Placement(stage, chosen, resources, nodes)

@@ -338,3 +338,14 @@ def test_cancelling_a_served_flow_run_cancels_its_slurm_job(slurm, tmp_path):
             out = runner.communicate(timeout=60)[0]
     assert final == "CANCELLED", out[-3000:]
     assert job_state == "CANCELLED", out[-3000:]
+
+
+def test_a_container_image_runs_the_stage_through_pyxis_and_is_refused_for_multi_node_stages():
+    cfg = orchestration_config({"orchestration": {"executor": "slurm",
+                                                  "slurm": {"container_image": "registry#team/longlive-train:abc"}}})
+    script = render_job_script(cfg.placement("assemble", {}), cfg, Path("/shared/repo"), Path("/shared/l.log"))
+    assert ("exec srun --ntasks=1 --container-image=registry#team/longlive-train:abc "
+            "--container-mounts=/shared/repo:/shared/repo") in script
+    assert "python -m dvc repro --single-item assemble" in script and sys.executable not in script
+    with pytest.raises(ConfigError, match="a 8-node stage starts its ranks with srun"):
+        cfg.placement("train_ar", {"train_ar": {"nnodes": 8}})
