@@ -10,10 +10,23 @@ import sys
 import time
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time of each record, not the one it was made with: a
+    process that swaps stderr (pytest's capture, a Prefect run) must never leave it a closed stream."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger()
     if not any(getattr(h, "_longlive", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderr()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         handler._longlive = True  # type: ignore[attr-defined]
         root.addHandler(handler)

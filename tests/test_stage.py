@@ -158,3 +158,21 @@ def test_a_killed_shots_run_keeps_closed_shards_and_the_rerun_does_the_rest(tmp_
 
     for r in shots.itertuples(index=False):  # every referenced clip is in a complete shard
         assert len(list(iter_clip_frames(read_clip(work / "data/shots/clips", r.clip_shard, r.clip_member)))) == 30
+
+
+def test_the_stage_log_handler_follows_stderr_when_it_is_swapped(monkeypatch):
+    """A handler bound to a stream that was later closed (pytest's capture of an earlier test) made
+    every later log record in the process fail, Prefect's recursively."""
+    import io
+    import logging
+
+    from longlive_core.progress import setup_logging
+
+    first = io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    setup_logging()
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr("sys.stderr", second)
+    logging.getLogger("longlive.test").warning("after the swap")
+    assert "after the swap" in second.getvalue()
