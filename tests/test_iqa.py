@@ -111,3 +111,24 @@ def test_scores_every_shot_once_and_thresholds_recut_without_rescoring(demo_shot
     assert static.counts["scored"] == 0 and static.counts["rejected_static"] == len(shots)
     more = from_mapping(IQAConfig, {"frames_per_shot": 2}, "iqa_filter")
     assert score_shots(shots, clips, more, metric, tmp_path / "state").counts["scored"] == len(shots)
+
+
+def test_maniqa_under_bf16_autocast_tracks_fp32_and_is_scored_apart(tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "maniqa.safetensors"
+    save_file({k: v.contiguous() for k, v in maniqa_architecture(1).state_dict().items()}, str(ckpt))
+    base = {"metric": "maniqa", "maniqa_checkpoint": str(ckpt), "crops": 1}
+    fp32 = from_mapping(IQAConfig, base, "iqa_filter")
+    bf16 = from_mapping(IQAConfig, {**base, "precision": "bf16"}, "iqa_filter")
+    frames = np.random.default_rng(3).integers(0, 255, (4, 96, 128, 3), dtype=np.uint8)
+    scores = {}
+    for name, cfg in (("fp32", fp32), ("bf16", bf16)):
+        torch.manual_seed(2)
+        scores[name] = QualityMetric(cfg, torch.device("cpu"))(frames)
+    assert not np.array_equal(scores["bf16"], scores["fp32"])  # autocast did run in bf16
+    np.testing.assert_allclose(scores["bf16"], scores["fp32"], atol=0.02)
+    assert fp32.score_params() != bf16.score_params()  # cached fp32 scores are not reused for bf16
+    with pytest.raises(ConfigError, match="precision bf16 applies to MANIQA"):
+        from_mapping(IQAConfig, {"metric": "piqe", "precision": "bf16"}, "iqa_filter")
