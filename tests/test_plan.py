@@ -69,7 +69,7 @@ def test_rates_file_needs_sources_and_the_committed_one_loads(tmp_path):
         load_rates(bad)
     rates = load_rates()
     assert find_rate(rates, "train_ar", "h200", "nvfp4").value == pytest.approx(0.392 * 989, rel=1e-3)
-    assert find_rate(rates, "shots", "cpu").value is None
+    assert find_rate(rates, "merge_w4a4", "h200").value is None
 
 
 def test_cli_prints_every_stage_and_what_the_total_leaves_out(capsys):
@@ -77,5 +77,5 @@ def test_cli_prints_every_stage_and_what_the_total_leaves_out(capsys):
     out = capsys.readouterr().out
     for stage in STAGES:
         assert f"\n{stage} " in out
-    assert "not in the total (no measured rate): shots, merge_w4a4, package" in out
+    assert "not in the total (no measured rate): merge_w4a4, package" in out
     assert main(["--videos", "0", "--gpus", "32"]) == 2
