@@ -31,6 +31,11 @@ from longlive_core.config import load_params
 from longlive_core.tracking.mlflow_run import PARENT_RUN_ENV, StageRun
 
 
+def dependency_order(graph) -> list:
+    """The stages of a DVC graph, each after everything it depends on (ties by name)."""
+    return list(reversed(list(nx.lexicographical_topological_sort(graph, key=lambda s: s.name))))
+
+
 def stage_order(repo_root: str | Path, targets: list[str] | None = None) -> list[str]:
     """DVC stage names in the order they must run (each target with everything it depends on)."""
     from dvc.repo import Repo
@@ -46,8 +51,7 @@ def stage_order(repo_root: str | Path, targets: list[str] | None = None) -> list
             for t in targets:
                 keep |= {by_name[t]} | nx.descendants(graph, by_name[t])
             graph = graph.subgraph(keep)
-        order = list(reversed(list(nx.lexicographical_topological_sort(graph, key=lambda s: s.name))))
-        return [s.name for s in order]
+        return [s.name for s in dependency_order(graph)]
 
 
 def _stream(cmd: list[str], cwd: Path, logger) -> int:
@@ -151,6 +155,11 @@ def longlive_pipeline(repo_root: str = ".", targets: list[str] | None = None, ex
 def exit_on_signal(signum, frame):
     cancel_active()  # jobs of this run must not outlive it
     raise SystemExit(128 + signum)
+
+
+def cancel_jobs_on_signals() -> None:
+    """SIGINT and SIGTERM to a command-line run cancel its Slurm jobs before it exits."""
+    cancel_jobs_on_signals()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.config import EXECUTORS
-from flows.pipeline import exit_on_signal, longlive_pipeline
+from flows.pipeline import cancel_jobs_on_signals, dependency_order, longlive_pipeline
 from longlive_core.tracking.lineage import digest_file
 
 SCORES = Path("reports/evaluate/scores.json")
@@ -52,7 +51,7 @@ def pending_stages(repo_root: str | Path) -> tuple[list[str], list[str]]:
         after = set()
         for name in changed & set(by_name):
             after |= {s.name for s in nx.ancestors(graph, by_name[name])}
-        order = [s.name for s in reversed(list(nx.lexicographical_topological_sort(graph, key=lambda s: s.name)))]
+        order = [s.name for s in dependency_order(graph)]
     return [s for s in order if s in changed], [s for s in order if s in after - changed]
 
 
@@ -123,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="show what would run; run nothing")
     ap.add_argument("--executor", choices=EXECUTORS, help="overrides params orchestration for this run")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, exit_on_signal)
-    signal.signal(signal.SIGINT, exit_on_signal)
+    cancel_jobs_on_signals()
     result = retrain(repo_root=args.repo, dry_run=args.dry_run, executor=args.executor)
     print(json.dumps(result, indent=2))
     return 0

@@ -148,7 +148,9 @@ def job_status(job_id: str, run: Run = subprocess.run) -> JobStatus:
     status = parse_sacct(acct.stdout) if acct.returncode == 0 else None
     if status is None:
         raise SlurmError(f"Slurm no longer knows job {job_id} (scontrol: {proc.stderr.strip()}; sacct: "
-                         f"{(acct.stderr or acct.stdout).strip() or 'nothing listed'})")
+                         f"{(acct.stderr or acct.stdout).strip() or 'nothing listed'}): its outcome is lost; "
+                         "raise the cluster's MinJobAge above orchestration.poll_s or turn accounting on, "
+                         f"then look for the job's log under orchestration.log_dir")
     return status
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from longlive_core.config import ConfigError
+from longlive_core.config import ConfigError, load_params
 from longlive_core.io.atomic import write_bytes
 
 # A line range [start, stop) of params.yaml and the lines that replace it.
@@ -116,6 +116,17 @@ def _merged(base: Any, overlay: Any) -> Any:
     if not (isinstance(base, Mapping) and isinstance(overlay, Mapping)):
         return overlay
     return {**base, **{key: _merged(base.get(key), value) for key, value in overlay.items()}}
+
+
+def overlaid_params(params_path: str | Path, overlay_path: str | Path) -> dict:
+    """params.yaml with the overlay applied, read from a temporary copy (the file itself is untouched)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "params.yaml"
+        copy.write_text(Path(params_path).read_text())
+        apply_overlay(copy, overlay_path)
+        return load_params(copy)
 
 
 def apply_overlay(params_path: str | Path, overlay_path: str | Path) -> list[str]:

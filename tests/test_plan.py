@@ -5,8 +5,9 @@ import pytest
 import yaml
 
 from longlive_core.config import ConfigError
+from longlive_core.params_overlay import overlaid_params
 from longlive_core.plan.capacity import Workload, estimate, plan
-from longlive_core.plan.cli import STAGES, main, production_params
+from longlive_core.plan.cli import STAGES, main
 from longlive_core.plan.rates import Rate, find_rate, load_rates
 
 from .conftest import REPO
@@ -18,7 +19,7 @@ def _rate(stage, device, value, unit, devices=1, variant=""):
 
 @pytest.fixture(scope="module")
 def params():
-    return production_params(REPO / "configs/production.yaml")
+    return overlaid_params(REPO / "params.yaml", REPO / "configs/production.yaml")
 
 
 def test_arithmetic_on_crafted_rates(params):

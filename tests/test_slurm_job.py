@@ -150,12 +150,9 @@ def test_placement_merges_defaults_stage_keys_and_the_command_line():
 
 
 def _production_params(tmp_path) -> dict:
-    from longlive_core.params_overlay import apply_overlay
+    from longlive_core.params_overlay import overlaid_params
 
-    params = tmp_path / "params.yaml"
-    params.write_text((REPO / "params.yaml").read_text())
-    apply_overlay(params, PRODUCTION)
-    return load_params(params)
+    return overlaid_params(REPO / "params.yaml", PRODUCTION)
 
 
 def test_production_train_ar_job_script(tmp_path):

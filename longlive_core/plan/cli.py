@@ -10,27 +10,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
-from longlive_core.config import load_params
+from longlive_core.params_overlay import overlaid_params
 from longlive_core.plan.capacity import StageEstimate, Workload, plan
 from longlive_core.plan.rates import DEFAULT_RATES, load_rates
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ["ingest", "shots", "iqa_filter", "encode_latents", "train_ar", "distill_dmd", "merge_w4a4", "evaluate",
           "package"]
-
-
-def production_params(overlay: Path) -> dict:
-    """params.yaml with the overlay applied, in a temporary copy (params.yaml itself is not touched)."""
-    from longlive_core.params_overlay import apply_overlay
-
-    with tempfile.TemporaryDirectory() as tmp:
-        params = Path(tmp) / "params.yaml"
-        params.write_text((REPO / "params.yaml").read_text())
-        apply_overlay(params, overlay)
-        return load_params(params)
 
 
 def render(estimates: list[StageEstimate], w: Workload) -> str:
@@ -74,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     w = Workload(videos=args.videos, gpus=args.gpus, gpu=args.gpu.lower(), cpu_cores=args.cpu_cores,
                  video_seconds=args.video_seconds, shot_seconds=args.shot_seconds)
     try:
-        estimates = plan(production_params(args.params), w, load_rates(args.rates), STAGES)
+        estimates = plan(overlaid_params(REPO / "params.yaml", args.params), w, load_rates(args.rates), STAGES)
     except ValueError as exc:
         print(f"longlive plan: {exc}", file=sys.stderr)
         return 2
