@@ -9,14 +9,17 @@ import torch
 from longlive_core.config import ConfigError
 
 
-def pick_device(name: str, param: str = "device") -> torch.device:
-    """auto: CUDA when there is one. Under torchrun each rank takes its own GPU (LOCAL_RANK).
-    ``param`` names the setting in error messages (e.g. "iqa_filter.device")."""
+def pick_device(name: str, param: str = "device", slot: int | None = None) -> torch.device:
+    """auto: CUDA when there is one. Under torchrun each rank takes its own GPU (LOCAL_RANK); a
+    worker of an executor passes its ``slot`` and takes GPU slot mod count (workers beyond the GPUs
+    share them). ``param`` names the setting in error messages (e.g. "iqa_filter.device")."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"{param} is cuda but no CUDA device is visible")
+        if slot is not None:
+            return torch.device("cuda", slot % torch.cuda.device_count())
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if local >= torch.cuda.device_count():
             raise ConfigError(f"rank {local} has no GPU of its own: this machine has {torch.cuda.device_count()}; "

@@ -5,7 +5,7 @@ Stages hand a top-level function and a list of items to ``Executor.map_unordered
 the exception it raised: one failing item never stops the others. ``local`` runs worker
 processes on this machine; ``dask`` runs the items on a Dask cluster (a local one of the stage's
 workers, or the scheduler at params ``dask.address``). The per-item functions know nothing about
-processes.
+processes; one that needs a device of its own asks ``worker_slot()`` which worker it runs on.
 """
 from __future__ import annotations
 
@@ -37,6 +37,36 @@ class InlineExecutor:
                 yield item, exc
 
 
+_SLOT: int | None = None
+
+
+def worker_slot() -> int:
+    """This process's index among its executor's workers (0 outside a pool): the local executor
+    numbers its workers 0..n-1, a local Dask cluster names them so, and a remote Dask worker named
+    ``<host>-<i>`` (``dask worker --nworkers N --name <host>``) is slot i. A worker that stands for one
+    GPU (CUDA_VISIBLE_DEVICES set per worker, as dask-cuda does) sees that GPU as its first, whatever
+    its slot: devices take the slot modulo the GPUs visible."""
+    if _SLOT is not None:
+        return _SLOT
+    try:
+        from distributed import get_worker
+
+        name = get_worker().name
+    except (ImportError, ValueError):  # no dask installed, or not inside a Dask worker
+        return 0
+    if isinstance(name, int):
+        return name
+    tail = str(name).rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def _number_worker(counter) -> None:
+    global _SLOT
+    with counter.get_lock():
+        _SLOT = counter.value
+        counter.value += 1
+
+
 class LocalProcessExecutor:
     """Worker processes on this machine. "spawn" keeps workers free of the parent's threads and
     locks (PyAV, MLflow and torch all start threads).
@@ -51,7 +81,9 @@ class LocalProcessExecutor:
     def map_unordered(self, fn, items):
         ctx = multiprocessing.get_context("spawn")
         pending = iter(items)
-        with ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx) as pool:
+        counter = ctx.Value("i", 0)
+        with ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx, initializer=_number_worker,
+                                 initargs=(counter,)) as pool:
             running: dict = {}
 
             def top_up() -> None:
@@ -155,9 +187,11 @@ class DaskExecutor:
                 cluster.close()
 
 
-def make_executor(kind: str, workers: int, dask_cfg: DaskConfig | None = None) -> Executor:
+def make_executor(kind: str, workers: int, dask_cfg: DaskConfig | None = None, gpu: bool = False) -> Executor:
+    """``gpu``: each item holds one GPU (on Dask, a ``GPU`` resource its worker declares; locally,
+    the items' code picks the GPU of its ``worker_slot``)."""
     if kind == "dask":
-        return DaskExecutor(workers, dask_cfg or DaskConfig())
+        return DaskExecutor(workers, dask_cfg or DaskConfig(), {"GPU": 1} if gpu else None)
     if kind != "local":
         raise ValueError(f"executor {kind!r} is not available; use one of {EXECUTORS}")
     return InlineExecutor() if workers <= 1 else LocalProcessExecutor(workers)

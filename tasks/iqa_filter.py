@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 import pandas as pd
-import torch
 
-from longlive_core.config import stage_config
+from longlive_core.config import from_mapping, stage_config
 from longlive_core.devices import pick_device
 from longlive_core.io.atomic import write_parquet
-from longlive_core.iqa.metrics import IQAConfig, QualityMetric
+from longlive_core.iqa.metrics import IQAConfig, lower_is_better
 from longlive_core.iqa.score import score_shots
+from longlive_core.parallel import DaskConfig, make_executor
 from longlive_core.tracking.lineage import digest_file
 from tasks.paths import CLIPS, IQA_STATE, SCORES, SHOTS
 from tasks.stage import main_for
@@ -22,24 +22,28 @@ from tasks.stage import main_for
 @dataclasses.dataclass(frozen=True)
 class Prepared:
     iqa: IQAConfig
-    device: torch.device
+    dask: DaskConfig
 
 
 def prepare(params) -> Prepared:
     cfg = stage_config(IQAConfig, "iqa_filter", params)
-    return Prepared(cfg, pick_device(cfg.device, "iqa_filter.device"))
+    dask = from_mapping(DaskConfig, params.get("dask"), "dask")  # where the work runs: not a DVC param
+    if not (cfg.executor == "dask" and dask.address):  # here, or a local cluster here: this machine's devices
+        pick_device(cfg.device, "iqa_filter.device")
+    return Prepared(cfg, dask)
 
 
 def body(p: Prepared, run):
     cfg = p.iqa
-    run.set_tags({"input.shots.sha256": digest_file(SHOTS), "iqa.metric": cfg.metric, "device": str(p.device)})
-    metric = QualityMetric(cfg, p.device)
-    out = score_shots(pd.read_parquet(SHOTS), CLIPS, cfg, metric, IQA_STATE)
+    run.set_tags({"input.shots.sha256": digest_file(SHOTS), "iqa.metric": cfg.metric, "iqa.executor": cfg.executor,
+                  "iqa.workers": str(cfg.workers)})
+    executor = make_executor(cfg.executor, cfg.workers, p.dask, gpu=cfg.device == "cuda")
+    out = score_shots(pd.read_parquet(SHOTS), CLIPS, cfg, IQA_STATE, executor)
     write_parquet(out.scores, SCORES)
     run.log_metrics(out.counts)
     run.log_artifact(SCORES)
     return {**out.counts, "iqa_metric": cfg.metric, "threshold": cfg.thresholds[cfg.metric],
-            "lower_better": metric.lower_better}
+            "lower_better": lower_is_better(cfg.metric)}
 
 
 def one_line(s) -> str:

@@ -122,3 +122,22 @@ def slurm(tmp_path_factory):
         os.environ.pop("SLURM_CONF", None)
     else:
         os.environ["SLURM_CONF"] = old
+
+
+@pytest.fixture
+def demo_shots(demo_copy, tmp_path):
+    """The demo's videos split into shots (the `shots` stage's code, one process): (shots, clips dir)."""
+    from longlive_core.config import from_mapping
+    from longlive_core.data.ingest import IngestConfig, IngestState, ingest
+    from longlive_core.data.sources import LocalSource
+    from longlive_core.parallel import make_executor
+    from longlive_core.shots.detect import ShotsConfig
+    from longlive_core.shots.split import split_videos
+
+    raw, _ = demo_copy
+    m = ingest(LocalSource(raw).list(), from_mapping(IngestConfig, {"source": str(raw)}, "ingest"),
+               IngestState(tmp_path / "is"), str(raw)).manifest
+    cfg = from_mapping(ShotsConfig, {"min_scene_len": 4, "min_shot_s": 0.5, "max_shot_s": 2.0, "clip_crf": 0,
+                                     "workers": 1}, "shots")
+    out = split_videos(m, raw, cfg, tmp_path / "ss", tmp_path / "clips", make_executor("local", 1))
+    return out.shots, tmp_path / "clips"

@@ -4,14 +4,17 @@ import pytest
 import torch
 
 from longlive_core.config import ConfigError, from_mapping
-from longlive_core.data.ingest import IngestConfig, IngestState, ingest
-from longlive_core.data.sources import LocalSource
-from longlive_core.iqa.metrics import IQAConfig, QualityMetric, build_maniqa, load_state_dict, maniqa_architecture
+from longlive_core.iqa.metrics import (
+    IQAConfig,
+    QualityMetric,
+    build_maniqa,
+    keeps,
+    load_state_dict,
+    maniqa_architecture,
+)
 from longlive_core.iqa.motion import motion_score
 from longlive_core.iqa.score import _aggregate, sample_positions, score_shots
 from longlive_core.parallel import make_executor
-from longlive_core.shots.detect import ShotsConfig
-from longlive_core.shots.split import split_videos
 from longlive_core.video.synth import ShotSpec, render_shot
 
 
@@ -44,7 +47,7 @@ def test_maniqa_without_weights_is_an_error_that_names_the_path(tmp_path):
 
 def test_piqe_direction_comes_from_pyiqa():
     metric = QualityMetric(IQAConfig(), torch.device("cpu"))
-    assert metric.lower_better and metric.keeps(40.0, 50.0) and not metric.keeps(60.0, 50.0)
+    assert metric.lower_better and keeps(40.0, 50.0, True) and not keeps(60.0, 50.0, True)
     scores = metric(np.random.default_rng(0).integers(0, 255, (2, 96, 128, 3), dtype=np.uint8))
     assert scores.shape == (2,) and np.all((scores >= 0) & (scores <= 100))
 
@@ -79,22 +82,11 @@ def test_maniqa_loads_offline_from_one_checkpoint(tmp_path):
         build_maniqa(bad, 1)
 
 
-@pytest.fixture
-def demo_shots(demo_copy, tmp_path):
-    raw, _ = demo_copy
-    m = ingest(LocalSource(raw).list(), from_mapping(IngestConfig, {"source": str(raw)}, "ingest"),
-               IngestState(tmp_path / "is"), str(raw)).manifest
-    cfg = from_mapping(ShotsConfig, {"min_scene_len": 4, "min_shot_s": 0.5, "max_shot_s": 2.0, "clip_crf": 0,
-                                     "workers": 1}, "shots")
-    out = split_videos(m, raw, cfg, tmp_path / "ss", tmp_path / "clips", make_executor("local", 1))
-    return out.shots, tmp_path / "clips"
-
-
 def test_scores_every_shot_once_and_thresholds_recut_without_rescoring(demo_shots, tmp_path):
     shots, clips = demo_shots
     cfg = from_mapping(IQAConfig, {}, "iqa_filter")
-    metric = QualityMetric(cfg, torch.device("cpu"))
-    out = score_shots(shots, clips, cfg, metric, tmp_path / "state")
+    inline = make_executor("local", 1)
+    out = score_shots(shots, clips, cfg, tmp_path / "state", inline)
     s = out.scores
     assert len(s) == len(shots) and out.counts["scored"] == len(shots)  # every usable shot, exactly once
     pd.testing.assert_frame_equal(s[shots.columns], shots)
@@ -102,15 +94,15 @@ def test_scores_every_shot_once_and_thresholds_recut_without_rescoring(demo_shot
     assert (s["kept"] == (s["iqa_score"] <= 50.0)).all()
     median = float(s["iqa_score"].median())
     strict = from_mapping(IQAConfig, {"thresholds": {"piqe": median}, "min_motion": 0.0}, "iqa_filter")
-    again = score_shots(shots, clips, strict, metric, tmp_path / "state")
+    again = score_shots(shots, clips, strict, tmp_path / "state", inline)
     assert again.counts["scored"] == 0
     assert (again.scores["kept"] == (again.scores["iqa_score"] <= median)).all()
     assert again.scores.loc[~again.scores["kept"], "reject_reason"].str.startswith("quality: piqe").all()
     moving = from_mapping(IQAConfig, {"thresholds": {"piqe": 100.0}, "min_motion": 1e6}, "iqa_filter")
-    static = score_shots(shots, clips, moving, metric, tmp_path / "state")
+    static = score_shots(shots, clips, moving, tmp_path / "state", inline)
     assert static.counts["scored"] == 0 and static.counts["rejected_static"] == len(shots)
     more = from_mapping(IQAConfig, {"frames_per_shot": 2}, "iqa_filter")
-    assert score_shots(shots, clips, more, metric, tmp_path / "state").counts["scored"] == len(shots)
+    assert score_shots(shots, clips, more, tmp_path / "state", inline).counts["scored"] == len(shots)
 
 
 def test_maniqa_under_bf16_autocast_tracks_fp32_and_is_scored_apart(tmp_path):

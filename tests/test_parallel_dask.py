@@ -57,3 +57,19 @@ def test_shots_on_a_local_dask_cluster_equal_the_local_executors(demo_copy, tmp_
         outs[name] = out.shots.drop(columns=[c for c in out.shots.columns if "shard" in c]).sort_values(
             ["path", "start_frame"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(outs["dask"], outs["local"])
+
+
+def test_iqa_scores_through_worker_processes_and_dask_equal_the_inline_ones(demo_shots, tmp_path):
+    from longlive_core.iqa.metrics import IQAConfig
+    from longlive_core.iqa.score import score_shots
+
+    shots, clips = demo_shots
+    cfg = from_mapping(IQAConfig, {"batch_size": 6}, "iqa_filter")  # 2 shots a task: several tasks
+    outs = {}
+    for name, executor in (("inline", make_executor("local", 1)), ("local", LocalProcessExecutor(2)),
+                           ("dask", DaskExecutor(2))):
+        out = score_shots(shots, clips, cfg, tmp_path / name, executor)
+        assert out.counts["scored"] == len(shots)
+        outs[name] = out.scores
+    pd.testing.assert_frame_equal(outs["local"], outs["inline"])
+    pd.testing.assert_frame_equal(outs["dask"], outs["inline"])

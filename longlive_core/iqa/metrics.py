@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from longlive_core.config import ConfigError
+from longlive_core.parallel import EXECUTORS
 
 METRICS = ("piqe", "maniqa")
 
@@ -30,6 +31,8 @@ class IQAConfig:
     batch_size: int = 16
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "fp32"  # fp32 | bf16 (MANIQA under bf16 autocast: 5.2x faster on the H200, bench/RESULTS.md)
+    executor: str = "local"  # local (processes here) | dask (params `dask`); tasks of batch_size frames
+    workers: int = 1  # processes (local) or local-cluster workers (dask); one GPU each where there are some
     thresholds: dict[str, float] = dataclasses.field(default_factory=lambda: {"piqe": 50.0, "maniqa": 0.35})
     motion_width: int = 128  # optical flow runs on frames downscaled to this width
     min_motion: float = 0.0  # pixels per frame at motion_width; 0 keeps static shots
@@ -48,7 +51,9 @@ class IQAConfig:
         if self.precision == "bf16" and self.metric != "maniqa":
             raise ConfigError(f"{where}.precision bf16 applies to MANIQA's network; {self.metric} is computed in "
                               "fp32 (set precision: fp32)")
-        for key in ("frames_per_shot", "crops", "batch_size", "motion_width"):
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"{where}.executor must be one of {list(EXECUTORS)}, got {self.executor!r}")
+        for key in ("frames_per_shot", "crops", "batch_size", "motion_width", "workers"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}.{key} must be >= 1")
         if self.metric == "maniqa":
@@ -111,6 +116,10 @@ def lower_is_better(metric: str) -> bool:
     return bool(pyiqa.default_model_configs.DEFAULT_CONFIGS[metric].get("lower_better", False))
 
 
+def keeps(score: float, threshold: float, lower_better: bool) -> bool:
+    return score <= threshold if lower_better else score >= threshold
+
+
 class QualityMetric:
     """Scores RGB uint8 frames (N, H, W, 3); ``lower_better`` says the metric's direction."""
 
@@ -136,5 +145,3 @@ class QualityMetric:
             out.append(y.reshape(-1).float().cpu().numpy())
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
-    def keeps(self, score: float, threshold: float) -> bool:
-        return score <= threshold if self.lower_better else score >= threshold

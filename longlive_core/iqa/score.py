@@ -14,10 +14,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from longlive_core.devices import pick_device
 from longlive_core.io.parts import PartTable
-from longlive_core.iqa.metrics import IQAConfig, QualityMetric
+from longlive_core.iqa.metrics import IQAConfig, QualityMetric, keeps, lower_is_better
 from longlive_core.iqa.motion import motion_score
 from longlive_core.models.weights import weights_identity
+from longlive_core.parallel import Executor, worker_slot
 from longlive_core.progress import Progress
 from longlive_core.shots.clips import clip_frames_at, read_clip
 from longlive_core.tracking.lineage import code_digest, digest_json
@@ -55,9 +57,79 @@ class IQAOutcome:
     counts: dict[str, float]
 
 
-def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, metric: QualityMetric,
-                state_dir: Path, checkpoint_every: int = 200) -> IQAOutcome:
+@dataclasses.dataclass(frozen=True)
+class ShotRef:
+    clip_sha256: str
+    clip_shard: str
+    clip_member: str
+    num_frames: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreTask:
+    """One executor item: a few shots, about one batch of frames (a task per shot would pay the
+    executor's per-task cost for a fraction of a batch)."""
+    clips_dir: str
+    cfg: IQAConfig
+    shots: tuple[ShotRef, ...]
+
+
+_WORKER_METRIC: tuple[IQAConfig, QualityMetric] | None = None
+
+
+def worker_metric(cfg: IQAConfig) -> QualityMetric:
+    """The metric, built once per worker process on the worker's own device."""
+    global _WORKER_METRIC
+    if _WORKER_METRIC is None or _WORKER_METRIC[0] != cfg:
+        _WORKER_METRIC = None  # the old network goes before the new one is built
+        _WORKER_METRIC = (cfg, QualityMetric(cfg, pick_device(cfg.device, "iqa_filter.device", worker_slot())))
+    return _WORKER_METRIC[1]
+
+
+def score_task(task: ScoreTask) -> list[tuple[str, float, float]]:
+    """(clip_sha256, quality score, motion score) for each of the task's shots."""
+    cfg, metric = task.cfg, worker_metric(task.cfg)
+    out: list[tuple[str, float, float]] = []
+    batch: list[tuple[str, list[np.ndarray], float]] = []  # a batch holds frames of one size only
+
+    def score_batch() -> None:
+        if not batch:
+            return
+        values = metric(np.stack([f for _, fs, _ in batch for f in fs]))
+        pos = 0
+        for sha, fs, motion in batch:
+            out.append((sha, _aggregate(values[pos:pos + len(fs)], cfg.aggregate, metric.lower_better), motion))
+            pos += len(fs)
+        batch.clear()
+
+    for shot in task.shots:
+        positions = sample_positions(shot.num_frames, cfg.frames_per_shot)
+        decoded = clip_frames_at(read_clip(Path(task.clips_dir), shot.clip_shard, shot.clip_member),
+                                 set(positions) | {p + 1 for p in positions})
+        frames = [decoded[p] for p in positions]
+        pairs = [(decoded[p], decoded[p + 1]) for p in positions if p + 1 in decoded]
+        motion = motion_score(pairs, cfg.motion_width)
+        if batch and (batch[0][1][0].shape != frames[0].shape
+                      or sum(len(fs) for _, fs, _ in batch) + len(frames) > cfg.batch_size):
+            score_batch()
+        batch.append((shot.clip_sha256, frames, motion))
+    score_batch()
+    return out
+
+
+def score_tasks(todo: list, clips_dir: Path, cfg: IQAConfig) -> list[ScoreTask]:
+    per_task = max(1, cfg.batch_size // cfg.frames_per_shot)
+    refs = [ShotRef(r.clip_sha256, r.clip_shard, r.clip_member, int(r.num_frames)) for r in todo]
+    return [ScoreTask(str(clips_dir), cfg, tuple(refs[i:i + per_task])) for i in range(0, len(refs), per_task)]
+
+
+def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, state_dir: Path, executor: Executor,
+                checkpoint_every: int = 200) -> IQAOutcome:
+    """Scores the shots the cache lacks through ``executor`` (a failed task fails the stage, naming
+    its clips: a shot that cannot be scored is a broken clip, which `shots` should have caught),
+    checkpointing the cache every ``checkpoint_every`` shots, then decides ``kept``."""
     key = score_key(cfg)
+    lower_better = lower_is_better(cfg.metric)
     table = PartTable(state_dir, "scores", CACHE_COLUMNS)
     cache = table.read()
     cache = cache[cache["key"] == key]
@@ -70,38 +142,18 @@ def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, metric: Qu
         table.append(pd.DataFrame(new_rows, columns=CACHE_COLUMNS))
         new_rows.clear()
 
-    # shots are scored a batch of frames at a time; a batch holds frames of one size only
-    batch: list[tuple[object, list[np.ndarray], float]] = []
-
-    def score_batch() -> None:
-        if not batch:
-            return
-        frames = np.stack([f for _, fs, _ in batch for f in fs])
-        values = metric(frames)
-        pos = 0
-        for shot, fs, motion in batch:
-            s = _aggregate(values[pos:pos + len(fs)], cfg.aggregate, metric.lower_better)
-            pos += len(fs)
-            new_rows.append({"clip_sha256": shot.clip_sha256, "key": key, "iqa_score": s, "motion_score": motion})
-            known[shot.clip_sha256] = (s, motion)
-            progress.advance()
-        batch.clear()
-        if len(new_rows) >= checkpoint_every:
-            flush()
-
     try:
-        for shot in todo:
-            positions = sample_positions(shot.num_frames, cfg.frames_per_shot)
-            decoded = clip_frames_at(read_clip(clips_dir, shot.clip_shard, shot.clip_member),
-                                     set(positions) | {p + 1 for p in positions})
-            frames = [decoded[p] for p in positions]
-            pairs = [(decoded[p], decoded[p + 1]) for p in positions if p + 1 in decoded]
-            motion = motion_score(pairs, cfg.motion_width)
-            if batch and (batch[0][1][0].shape != frames[0].shape
-                          or sum(len(fs) for _, fs, _ in batch) + len(frames) > cfg.batch_size):
-                score_batch()
-            batch.append((shot, frames, motion))
-        score_batch()
+        for task, result in executor.map_unordered(score_task, score_tasks(todo, clips_dir, cfg)):
+            if isinstance(result, BaseException):
+                members = ", ".join(f"{s.clip_shard}:{s.clip_member}" for s in task.shots)
+                raise RuntimeError(f"scoring failed for the clips {members}: {type(result).__name__}: {result} "
+                                   "(the shots scored so far are kept; rerun to continue)") from result
+            for sha, iqa, motion in result:
+                new_rows.append({"clip_sha256": sha, "key": key, "iqa_score": iqa, "motion_score": motion})
+                known[sha] = (iqa, motion)
+                progress.advance()
+            if len(new_rows) >= checkpoint_every:
+                flush()
     finally:
         flush()
     # keep what today's shots use, so the cache does not grow with every re-split
@@ -115,10 +167,10 @@ def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, metric: Qu
     vals = [known[c] for c in shots["clip_sha256"]]
     out["iqa_score"] = [v[0] for v in vals]
     out["motion_score"] = [v[1] for v in vals]
-    direction = "<=" if metric.lower_better else ">="
+    direction = "<=" if lower_better else ">="
     reasons = []
     for s, m in zip(out["iqa_score"], out["motion_score"]):
-        if not metric.keeps(s, threshold):
+        if not keeps(s, threshold, lower_better):
             reasons.append(f"quality: {cfg.metric} {s:.3f} not {direction} {threshold}")
         elif m < cfg.min_motion:
             reasons.append(f"static: motion {m:.3f} < {cfg.min_motion}")
