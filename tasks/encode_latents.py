@@ -5,35 +5,51 @@ torchrun with P ranks (each encodes on its own device; they exchange through NCC
 the CPU): Balanced-SP chunk-halo encoding."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import sys
 
 import pandas as pd
 
-from longlive_core.config import ConfigError, load_params, stage_config
+from longlive_core.config import ConfigError, from_mapping, load_params, stage_config
 from longlive_core.devices import pick_device
 from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
+from longlive_core.parallel import DaskConfig, make_executor
 from longlive_core.progress import setup_logging
 from longlive_core.tracking.lineage import digest_file
 from tasks.paths import CLIPS, LATENT_INDEX, LATENT_SHARDS, LATENTS_FAILED, SAMPLES, SHOTS
 from tasks.stage import run_stage
 
 
-def config(params) -> EncodeLatentsConfig:
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    encode: EncodeLatentsConfig
+    dask: DaskConfig
+
+
+def config(params) -> Prepared:
     cfg = stage_config(EncodeLatentsConfig, "encode_latents", params)
-    pick_device(cfg.device, "encode_latents.device")  # a GPU asked for and absent: said before anything starts
-    return cfg
+    dask = from_mapping(DaskConfig, params.get("dask"), "dask")  # where the work runs: not a DVC param
+    if cfg.executor == "dask" and dask.address:
+        if cfg.device == "auto":  # each worker would decide, and the text encoder's dtype (in the cache key) with it
+            raise ConfigError("encode_latents.device must be cpu or cuda with a remote Dask cluster (dask.address)")
+    else:  # a GPU asked for and absent: said before anything starts
+        pick_device(cfg.device, "encode_latents.device")
+    return Prepared(cfg, dask)
 
 
-def encode(cfg: EncodeLatentsConfig, comm: Comm) -> dict:
+def encode(p: Prepared, comm: Comm) -> dict:
+    cfg = p.encode
+    executor = None if comm.world > 1 else make_executor(cfg.executor, cfg.workers, p.dask, gpu=cfg.device == "cuda")
     return encode_samples(pd.read_parquet(SAMPLES), pd.read_parquet(SHOTS), CLIPS, LATENT_SHARDS, LATENT_INDEX,
-                          LATENTS_FAILED, cfg, comm)
+                          LATENTS_FAILED, cfg, comm, executor)
 
 
-def body(cfg: EncodeLatentsConfig, run, comm: Comm):
-    run.set_tags({"input.samples.sha256": digest_file(SAMPLES), "input.shots.sha256": digest_file(SHOTS)})
-    counts = encode(cfg, comm)
+def body(p: Prepared, run, comm: Comm):
+    run.set_tags({"input.samples.sha256": digest_file(SAMPLES), "input.shots.sha256": digest_file(SHOTS),
+                  "encode.executor": p.encode.executor, "encode.workers": str(p.encode.workers)})
+    counts = encode(p, comm)
     run.log_metrics(counts)
     run.log_artifact(LATENT_INDEX)
     run.log_artifact(LATENTS_FAILED)
@@ -49,7 +65,8 @@ def one_line(s) -> str:
 def main() -> None:
     setup_logging()
     try:
-        cfg = config(load_params())
+        p = config(load_params())
+        cfg = p.encode
     except ConfigError as exc:
         print(f"encode_latents: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -74,7 +91,7 @@ def main() -> None:
         if comm.rank == 0:
             code = run_stage("encode_latents", config, lambda c, run: body(c, run, comm), one_line)
         else:
-            encode(cfg, comm)
+            encode(p, comm)
             code = 0
     finally:
         if comm.world > 1:

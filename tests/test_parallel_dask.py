@@ -73,3 +73,33 @@ def test_iqa_scores_through_worker_processes_and_dask_equal_the_inline_ones(demo
         outs[name] = out.scores
     pd.testing.assert_frame_equal(outs["local"], outs["inline"])
     pd.testing.assert_frame_equal(outs["dask"], outs["inline"])
+
+
+def test_latents_through_worker_processes_and_dask_equal_the_inline_ones(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
+
+    from .test_latents_encode import make_inputs
+
+    clips, shots, samples = make_inputs(tmp_path)
+    cfg = from_mapping(EncodeLatentsConfig, {"clip": {"height": 32, "width": 32}, "text_max_length": 16},
+                       "encode_latents")
+    indexes, tensors = {}, {}
+    for name, executor in (("inline", None), ("local", LocalProcessExecutor(2)), ("dask", DaskExecutor(2))):
+        out = tmp_path / name
+        counts = encode_samples(samples, shots, clips, out / "shards", out / "index.parquet", out / "failed.parquet",
+                                cfg, Comm(), executor)
+        assert (counts["samples_encoded"], counts["samples_failed"]) == (1, 1)  # "b" is not a video, wherever it runs
+        assert list(pd.read_parquet(out / "failed.parquet")["sample_id"]) == ["b"]
+        indexes[name] = pd.read_parquet(out / "index.parquet").drop(columns="shard")
+        tensors[name] = {k: v for shard in sorted((out / "shards").iterdir()) for k, v in load_file(shard).items()}
+        tensors[name]["empty"] = load_file(out / "empty_prompt.safetensors")["text"]
+    for name in ("local", "dask"):
+        pd.testing.assert_frame_equal(indexes[name], indexes["inline"])
+        assert tensors[name].keys() == tensors["inline"].keys()
+        for k, v in tensors["inline"].items():  # worker processes may run other thread counts: not bit-equal
+            torch.testing.assert_close(tensors[name][k], v, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="use one"):
+        from_mapping(EncodeLatentsConfig, {"sp": 2, "workers": 2}, "encode_latents")

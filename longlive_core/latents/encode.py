@@ -24,6 +24,7 @@ import re
 import resource
 import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import av
@@ -38,8 +39,16 @@ from longlive_core.io.atomic import TMP_PREFIX, atomic_path, remove_unreferenced
 from longlive_core.latents.files import EMPTY_PROMPT
 from longlive_core.latents.halo import Chunk, plan_chunks, receptive_field_latents
 from longlive_core.models.text import check_text_encoder_dir, shot_prompts, text_dtype, text_encoder_from
-from longlive_core.models.vae import TEMPORAL_STRIDE, check_vae_dir, encode_video, frames_to_input, vae_from
+from longlive_core.models.vae import (
+    TEMPORAL_STRIDE,
+    check_vae_dir,
+    encode_video,
+    frames_to_input,
+    vae_architecture,
+    vae_from,
+)
 from longlive_core.models.weights import CheckpointError, weights_identity
+from longlive_core.parallel import EXECUTORS, Executor, InlineExecutor, worker_slot
 from longlive_core.progress import Progress
 from longlive_core.shots.clips import iter_timed_frames, read_clip
 from longlive_core.tracking.lineage import code_digest, digest_json
@@ -59,6 +68,8 @@ class EncodeLatentsConfig:
     clip: ClipFormat = ClipFormat()
     halo: int | None = None  # latent frames of context per chunk; None: the VAE's receptive field
     sp: int = 1  # ranks; >1 runs under torchrun
+    executor: str = "local"  # local (processes here) | dask (params `dask`): samples fanned out, one GPU per worker
+    workers: int = 1  # processes (local) or local-cluster workers (dask); 1 with sp > 1
     split: str = "all"  # all | train | val
     max_samples: int = 0  # 0: every selected sample
     shard_max_mb: float = 256.0
@@ -73,6 +84,13 @@ class EncodeLatentsConfig:
             raise ConfigError(f"{where}.store_dtype must be float32 or bfloat16; got {self.store_dtype!r}")
         if self.sp < 1:
             raise ConfigError(f"{where}.sp must be at least 1; got {self.sp}")
+        if self.executor not in EXECUTORS:
+            raise ConfigError(f"{where}.executor must be one of {list(EXECUTORS)}, got {self.executor!r}")
+        if self.workers < 1:
+            raise ConfigError(f"{where}.workers must be at least 1; got {self.workers}")
+        if self.sp > 1 and (self.workers > 1 or self.executor != "local"):
+            raise ConfigError(f"{where}: sp > 1 splits each shot over ranks, workers > 1 or executor dask spread "
+                              "samples over workers; use one (sp: 1, or workers: 1 with executor: local)")
         if self.clip.temporal_stride != TEMPORAL_STRIDE:
             raise ConfigError(f"{where}.clip.temporal_stride must be the VAE's, {TEMPORAL_STRIDE}")
         if self.clip.height % 32 or self.clip.width % 32:
@@ -213,17 +231,134 @@ def reusable_rows(index: pd.DataFrame, samples: pd.DataFrame, fingerprints: dict
     return keep.reset_index(drop=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class SampleTask:
+    """One sample to encode: what a worker needs to make its tensors and index rows."""
+    sample_id: str
+    video_id: str
+    split: str
+    shot_indices: tuple[int, ...]
+    clips: tuple[tuple[str, str] | None, ...]  # (clip_shard, clip_member) per shot; None: not in the shots table
+    captions: tuple[str, ...]  # as encoded ("The scene transitions. " in front of later shots')
+    clips_dir: str
+    cfg: EncodeLatentsConfig
+    halo: int
+    key: str
+    fingerprint: str
+
+
+@dataclasses.dataclass
+class Encoded:
+    """A sample's tensors (on the CPU, in the store dtype) and index rows, or why it was skipped;
+    ``counts`` adds to the stage's. On ranks other than 0 tensors and rows stay empty."""
+    tensors: dict[str, torch.Tensor]
+    rows: list[dict]
+    counts: dict[str, float]
+    reason: str | None = None
+
+
+SUMMED = ("shots_encoded", "frames_encoded", "latents_kept", "latents_encoded", "latents_encoded_max_rank",
+          "frames_trimmed", "frames_repeated", "frames_dropped", "rotated_shots", "portrait_shots")
+
+
+def sample_tasks(todo: pd.DataFrame, shot_rows: pd.DataFrame, clips_dir: Path, cfg: EncodeLatentsConfig,
+                 halo: int, key: str, fingerprints: dict[str, str]) -> Iterator[SampleTask]:
+    for sample in todo.itertuples(index=False):
+        clips = []
+        for shot_index in sample.shot_indices:
+            try:
+                row = shot_rows.loc[(sample.video_id, int(shot_index))]
+                clips.append((row.clip_shard, row.clip_member))
+            except KeyError:
+                clips.append(None)
+        captions = shot_prompts(list(sample.captions) if sample.captions is not None
+                                else [""] * len(sample.shot_indices))
+        yield SampleTask(sample.sample_id, sample.video_id, sample.split, tuple(int(i) for i in sample.shot_indices),
+                         tuple(clips), tuple(captions), str(clips_dir), cfg, halo, key, fingerprints[sample.sample_id])
+
+
+def encode_sample(task: SampleTask, vae, text, comm: Comm, device: torch.device) -> Encoded:
+    """Every shot of one sample, in lockstep across ranks; a shot that fails skips the sample."""
+    counts = dict.fromkeys(SUMMED, 0)
+    tensors, rows = {}, []
+    store = getattr(torch, task.cfg.store_dtype)
+    for k, (shot_index, where) in enumerate(zip(task.shot_indices, task.clips)):
+        clip, reason = None, None
+        try:  # one shot at a time: a long shot's frames are large
+            if where is None:
+                raise KeyError(f"({task.video_id!r}, {shot_index}) is not in the shots table")
+            clip = normalize_clip(iter_timed_frames(read_clip(Path(task.clips_dir), *where)), task.cfg.clip)
+        except (ClipRejected, KeyError, OSError, ValueError, av.FFmpegError, tarfile.TarError, cv2.error) as exc:
+            reason = f"shot {k} (shot_index {shot_index}): {type(exc).__name__}: {exc}"
+        if not comm.agree(clip is not None):
+            return Encoded({}, [], {}, reason or f"shot {k} (shot_index {shot_index}) failed on another rank")
+        z = encode_shot(vae, clip, task.halo, comm, device, counts)
+        if comm.rank == 0:
+            lkey, tkey = f"{task.sample_id}/{k}/latents", f"{task.sample_id}/{k}/text"
+            tensors[lkey] = z.to(store)
+            rows.append({"sample_id": task.sample_id, "shot": k, "video_id": task.video_id,
+                         "shot_index": int(shot_index), "latents_key": lkey, "text_key": tkey,
+                         "latent_shape": list(z.shape), "num_frames": int(clip.counts["frames"]),
+                         "caption": task.captions[k], "split": task.split, "encode_key": task.key,
+                         "fingerprint": task.fingerprint})
+    counts["shots_encoded"] = len(task.shot_indices)
+    if comm.rank == 0:
+        for row, embed in zip(rows, text.encode(list(task.captions))):
+            tensors[row["text_key"]] = embed.to(store).contiguous()
+    if device.type == "cuda":
+        counts["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return Encoded(tensors, rows, counts)
+
+
+_WORKER_MODELS: tuple | None = None
+
+
+def worker_models(cfg: EncodeLatentsConfig, device: torch.device, rank: int = 0):
+    """``make_models``, once per process (an executor's worker encodes many samples)."""
+    global _WORKER_MODELS
+    ident = (cfg.vae, cfg.text_encoder, cfg.text_max_length, device, rank)
+    if _WORKER_MODELS is None or _WORKER_MODELS[0] != ident:
+        _WORKER_MODELS = None  # the old models go before the new ones load
+        _WORKER_MODELS = (ident, *make_models(cfg, device, rank))
+    return _WORKER_MODELS[1], _WORKER_MODELS[2]
+
+
+def encode_task(task: SampleTask) -> Encoded:
+    """An executor's item: one sample, on this worker's device."""
+    device = pick_device(task.cfg.device, "encode_latents.device", worker_slot())
+    vae, text = worker_models(task.cfg, device)
+    return encode_sample(task, vae, text, Comm(device=device), device)
+
+
+def empty_prompt_task(cfg: EncodeLatentsConfig) -> torch.Tensor:
+    device = pick_device(cfg.device, "encode_latents.device", worker_slot())
+    _, text = worker_models(cfg, device)
+    return text.encode([""])[0].to(getattr(torch, cfg.store_dtype)).contiguous().cpu()
+
+
+def key_device_type(cfg: EncodeLatentsConfig) -> str:
+    """The device type the encoders run on, which fixes the text encoder's dtype (part of the key):
+    as set, or what ``auto`` finds here (so a remote cluster's workers need it set: tasks.encode_latents)."""
+    return cfg.device if cfg.device != "auto" else pick_device("auto").type
+
+
 def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, shard_dir: Path, index_path: Path,
-                   failed_path: Path, cfg: EncodeLatentsConfig, comm: Comm) -> dict:
-    """Encodes what is new; rank 0 writes the shards, the index and the failures; returns counts."""
-    device = pick_device(cfg.device, "encode_latents.device")
-    vae, text = make_models(cfg, device, comm.rank)
-    halo = cfg.halo if cfg.halo is not None else receptive_field_latents(vae)
-    store = getattr(torch, cfg.store_dtype)
+                   failed_path: Path, cfg: EncodeLatentsConfig, comm: Comm, executor: Executor | None = None) -> dict:
+    """Encodes what is new; rank 0 writes the shards, the index and the failures; returns counts.
+    With one rank the samples go through ``executor`` (inline when None); with several, every rank
+    encodes every sample together (its chunk of each shot)."""
+    if comm.world > 1 and executor is not None:
+        raise ValueError("encode_samples: an executor fans samples out to workers; sp ranks split each shot: not both")
+    vae = text = None
+    if comm.world > 1:
+        device = pick_device(cfg.device, "encode_latents.device")
+        vae, text = worker_models(cfg, device, comm.rank)
+    halo = cfg.halo if cfg.halo is not None else receptive_field_latents(vae_architecture(cfg.vae))
     # what every stored tensor depends on besides its clip and caption: the params, the weights'
     # contents and the code that makes them (the same files dvc.yaml lists for the stage)
+    dtype = text_dtype(torch.device(key_device_type(cfg)))
     key = digest_json([cfg.encode_params(), halo, weights_identity(cfg.vae), weights_identity(cfg.text_encoder),
-                       str(text_dtype(device)), code_digest("longlive_core.latents.encode")])
+                       str(dtype), code_digest("longlive_core.latents.encode")])
     picked = select_samples(samples, cfg)
     shot_rows = shots.set_index(["video_id", "shot_index"])
     fingerprints = sample_fingerprints(samples, shot_rows, key)
@@ -248,57 +383,39 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
         for leftover in shard_dir.glob(f"{TMP_PREFIX}*"):  # from a killed run
             leftover.unlink()
     todo = picked[~picked["sample_id"].isin(done_ids)]
+    tasks = sample_tasks(todo, shot_rows, clips_dir, cfg, halo, key, fingerprints)
+    if comm.world > 1:
+        results = ((t, encode_sample(t, vae, text, comm, device)) for t in tasks)
+    else:
+        results = (executor or InlineExecutor()).map_unordered(encode_task, tasks)
     sink = ShardSink(shard_dir, int(cfg.shard_max_mb * 1024 * 1024)) if comm.rank == 0 else None
     new_rows: list[dict] = []
     failed: list[dict] = []
     counts = {"samples_selected": int(len(picked)), "samples_reused": int(picked["sample_id"].isin(done_ids).sum()),
-              "samples_encoded": 0, "samples_failed": 0, "shots_encoded": 0, "frames_encoded": 0,
-              "latents_kept": 0, "latents_encoded": 0, "latents_encoded_max_rank": 0, "frames_trimmed": 0,
-              "frames_repeated": 0, "frames_dropped": 0, "rotated_shots": 0, "portrait_shots": 0, "halo": halo,
+              "samples_encoded": 0, "samples_failed": 0, **dict.fromkeys(SUMMED, 0), "halo": halo,
               "ranks": comm.world}
     progress = Progress(log, "encode_latents", len(todo), "samples") if comm.rank == 0 else None
     start = time.perf_counter()
-    for sample in todo.itertuples(index=False):
-        captions = shot_prompts(list(sample.captions) if sample.captions is not None
-                                else [""] * len(sample.shot_indices))
-        tensors, rows, reason = {}, [], None
-        for k, shot_index in enumerate(sample.shot_indices):
-            clip = None
-            try:  # one shot at a time: a long shot's frames are large
-                shot = shot_rows.loc[(sample.video_id, int(shot_index))]
-                clip = normalize_clip(iter_timed_frames(read_clip(clips_dir, shot.clip_shard, shot.clip_member)),
-                                      cfg.clip)
-            except (ClipRejected, KeyError, OSError, ValueError, av.FFmpegError, tarfile.TarError, cv2.error) as exc:
-                reason = f"shot {k} (shot_index {shot_index}): {type(exc).__name__}: {exc}"
-            if not comm.agree(clip is not None):
-                reason = reason or f"shot {k} (shot_index {shot_index}) failed on another rank"
-                break
-            z = encode_shot(vae, clip, halo, comm, device, counts)
-            if comm.rank == 0:
-                lkey, tkey = f"{sample.sample_id}/{k}/latents", f"{sample.sample_id}/{k}/text"
-                tensors[lkey] = z.to(store)
-                rows.append({"sample_id": sample.sample_id, "shot": k, "video_id": sample.video_id,
-                             "shot_index": int(shot_index), "latents_key": lkey, "text_key": tkey,
-                             "latent_shape": list(z.shape), "num_frames": int(clip.counts["frames"]),
-                             "caption": captions[k], "split": sample.split, "encode_key": key,
-                             "fingerprint": fingerprints[sample.sample_id]})
-        if reason is not None:
+    for task, enc in results:
+        if isinstance(enc, BaseException):  # the task itself died (e.g. its worker, more than dask.retries times)
+            enc = Encoded({}, [], {}, f"{type(enc).__name__}: {enc}")
+        if enc.reason is not None:
             counts["samples_failed"] += 1
             if comm.rank == 0:
-                log.warning("%s: skipped: %s", sample.sample_id, reason)
-                failed.append({"sample_id": sample.sample_id, "video_id": sample.video_id, "reason": reason})
+                log.warning("%s: skipped: %s", task.sample_id, enc.reason)
+                failed.append({"sample_id": task.sample_id, "video_id": task.video_id, "reason": enc.reason})
                 progress.advance()
             continue
         counts["samples_encoded"] += 1
-        counts["shots_encoded"] += len(rows) if comm.rank == 0 else len(sample.shot_indices)
+        for name, value in enc.counts.items():
+            counts[name] = max(counts.get(name, 0), value) if name.startswith("peak_") else counts[name] + value
         if comm.rank == 0:
-            for row, embed in zip(rows, text.encode(captions)):
-                tensors[row["text_key"]] = embed.to(store)
-            sink.add(tensors, rows)
+            sink.add(enc.tensors, enc.rows)
             progress.advance()
             if sink.size >= sink.max_bytes:
                 new_rows += sink.flush()
                 _write_index(index_path, done, new_rows)
+        del enc
     elapsed = time.perf_counter() - start
     if comm.rank != 0:
         return counts
@@ -308,13 +425,17 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
     # shards no index row points at: every sample in them was redone or dropped
     counts["shards_removed"] = remove_unreferenced(shard_dir, SHARD_NAME, set(index["shard"]))
     write_parquet(pd.DataFrame(failed, columns=["sample_id", "video_id", "reason"]), failed_path)
+    if text is not None:
+        empty = text.encode([""])[0].to(getattr(torch, cfg.store_dtype)).contiguous()
+    else:  # on a worker, so this process never loads the text encoder
+        [(_, empty)] = list((executor or InlineExecutor()).map_unordered(empty_prompt_task, [cfg]))
+        if isinstance(empty, BaseException):
+            raise RuntimeError(f"embedding the empty prompt failed: {type(empty).__name__}: {empty}") from empty
     with atomic_path(index_path.parent / EMPTY_PROMPT) as tmp:  # the unconditional text of guidance, once
-        save_file({"text": text.encode([""])[0].to(store).contiguous()}, os.fspath(tmp))
+        save_file({"text": empty}, os.fspath(tmp))
     counts["frames_per_s"] = round(counts["frames_encoded"] / max(elapsed, 1e-9), 3)
     counts["halo_overhead"] = round(counts["latents_encoded"] / max(counts["latents_kept"], 1), 4)
     counts["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    if device.type == "cuda":
-        counts["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return counts
 
 

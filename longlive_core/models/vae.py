@@ -35,6 +35,16 @@ def build_vae(name: str):
     return AutoencoderKLWan(**VAE_CONFIGS[name]).eval()
 
 
+def vae_architecture(path: str):
+    """The VAE's modules without weights (on the meta device): what its shape says, e.g. the
+    encoder's receptive field, without reading gigabytes. ``tiny`` or a local Diffusers folder."""
+    from diffusers import AutoencoderKLWan
+
+    config = VAE_CONFIGS["tiny"] if path == "tiny" else AutoencoderKLWan.load_config(Path(path))
+    with torch.device("meta"):
+        return AutoencoderKLWan.from_config(config)
+
+
 def check_vae_dir(path: str | Path) -> None:
     """Raises CheckpointError, saying what to put there, unless ``path`` holds a VAE to load."""
     require_pretrained_dir(Path(path), "VAE", "put the Wan2.2 VAE there in the Diffusers layout (config.json and "
