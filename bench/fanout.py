@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from longlive_core.config import from_mapping
-from longlive_core.parallel import DaskConfig, DaskExecutor, LocalProcessExecutor
+from longlive_core.parallel import DaskConfig, DaskExecutor, LocalProcessExecutor, cluster_settings
 from longlive_core.shots.detect import ShotsConfig
 from longlive_core.shots.split import VideoJob, split_video
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
@@ -47,7 +47,7 @@ def standing_cluster(workers: int):
     import dask
     from dask.distributed import LocalCluster
 
-    with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}):  # as DaskExecutor's own
+    with dask.config.set(cluster_settings(DaskConfig().retries)):  # as DaskExecutor's own
         return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
 
 

@@ -10,6 +10,7 @@ processes; one that needs a device of its own asks ``worker_slot()`` which worke
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -120,11 +121,25 @@ class DaskConfig:
     DVC stage lists it. Credentials (TLS certificates) come from Dask's own environment variables
     (DASK_DISTRIBUTED__COMM__TLS__...), never from params."""
     address: str = ""  # empty: a local cluster of the stage's workers; else the scheduler, tcp:// or tls://
-    retries: int = 2  # times an item may lose its worker and be run again before it fails alone
+    retries: int = 2  # times an item may lose its worker and run again (a standing scheduler: its own config)
 
     def validate(self, where: str) -> None:
         if self.retries < 0:
             raise ConfigError(f"{where}.retries must be >= 0")
+
+
+def cluster_settings(retries: int) -> dict:
+    """Dask settings the executor relies on, read by a scheduler and its nannies when they start (a
+    local cluster's here; a standing cluster takes the same from infra/dask/distributed.yaml).
+
+    Worker saturation 1.0: a worker holds only the item it runs, so one that dies takes no bystanders
+    with it (every item on a dead worker counts one failure towards allowed-failures). No
+    MALLOC_TRIM_THRESHOLD_ for the workers (Dask sets 65536): any value turns off glibc's adaptive
+    mmap threshold, so every decoded frame is mmapped and faulted in afresh: 7x the page faults and
+    half the speed of split_video (bench/RESULTS.md). Dask's thread limits (OMP_NUM_THREADS=1, ...)
+    stay: a worker is one core's share."""
+    return {"distributed.scheduler.allowed-failures": retries, "distributed.scheduler.worker-saturation": 1.0,
+            "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
 
 
 class DaskExecutor:
@@ -151,40 +166,48 @@ class DaskExecutor:
 
     def map_unordered(self, fn, items):
         import dask
-        from dask.distributed import as_completed
+        import distributed  # noqa: F401 - registers distributed's config defaults, read below
 
-        # Read by the scheduler when it starts (a local cluster here; a remote one from its own config).
-        # Saturation 1.0: a worker holds only the item it runs, so one that dies takes no bystanders
-        # with it (every item on a dead worker counts one failure towards allowed-failures).
-        with dask.config.set({"distributed.scheduler.allowed-failures": self.cfg.retries,
-                              "distributed.scheduler.worker-saturation": 1.0}):
+        # A local cluster's nannies set the workers' variables in this process too: put back afterwards.
+        saved = {k: os.environ.get(k) for k in dask.config.get("distributed.nanny.pre-spawn-environ")}
+        with dask.config.set(cluster_settings(self.cfg.retries)):
             client, cluster = self._client()
         try:
-            limit = 2 * max(1, len(client.scheduler_info().get("workers", {})), self.workers)
-            pending, running, done = iter(items), {}, as_completed()
-
-            def top_up() -> None:
-                while len(running) < limit:
-                    item = next(pending, _END)
-                    if item is _END:
-                        return
-                    fut = client.submit(fn, item, pure=False, resources=self.resources)
-                    running[fut.key] = item
-                    done.add(fut)
-
-            top_up()
-            for fut in done:
-                item = running.pop(fut.key)
-                result = fut.exception() if fut.status == "error" else fut.result()
-                fut.release()
-                del fut
-                yield item, result
-                del result
-                top_up()
+            yield from self._stream(client, fn, items)
         finally:
             client.close()
             if cluster is not None:
                 cluster.close()
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def _stream(self, client, fn, items):
+        from dask.distributed import as_completed
+
+        limit = 2 * max(1, len(client.scheduler_info().get("workers", {})), self.workers)
+        pending, running, done = iter(items), {}, as_completed()
+
+        def top_up() -> None:
+            while len(running) < limit:
+                item = next(pending, _END)
+                if item is _END:
+                    return
+                fut = client.submit(fn, item, pure=False, resources=self.resources)
+                running[fut.key] = item
+                done.add(fut)
+
+        top_up()
+        for fut in done:
+            item = running.pop(fut.key)
+            result = fut.exception() if fut.status == "error" else fut.result()
+            fut.release()
+            del fut
+            yield item, result
+            del result
+            top_up()
 
 
 def make_executor(kind: str, workers: int, dask_cfg: DaskConfig | None = None, gpu: bool = False) -> Executor:

@@ -103,3 +103,22 @@ def test_latents_through_worker_processes_and_dask_equal_the_inline_ones(tmp_pat
             torch.testing.assert_close(tensors[name][k], v, rtol=1e-5, atol=1e-6)
     with pytest.raises(ConfigError, match="use one"):
         from_mapping(EncodeLatentsConfig, {"sp": 2, "workers": 2}, "encode_latents")
+
+
+def test_a_standing_clusters_config_file_holds_the_local_clusters_settings():
+    import dask
+    import distributed  # noqa: F401 - its defaults, which the file overrides
+    import yaml
+
+    from longlive_core.parallel import cluster_settings
+
+    from .conftest import REPO
+
+    file = yaml.safe_load((REPO / "infra" / "dask" / "distributed.yaml").read_text())
+    merged = dask.config.merge(dask.config.config, file)
+    production = yaml.safe_load((REPO / "configs" / "production.yaml").read_text())
+    for key, value in cluster_settings(production["dask"]["retries"]).items():
+        assert dask.config.get(key, config=merged) == value, key
+    spawn = {k: v for k, v in dask.config.get("distributed.nanny.pre-spawn-environ", config=merged).items()
+             if v is not None}
+    assert "MALLOC_TRIM_THRESHOLD_" not in spawn and spawn["OMP_NUM_THREADS"] == 1
