@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 from longlive_core.config import ConfigError, from_mapping
 from longlive_core.parallel import DaskConfig, DaskExecutor, LocalProcessExecutor, make_executor
 
-from .helpers.dask_items import always_die, die_once, root
+from .helpers.dask_items import always_die, die_once, root, slot_after_a_nap
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +23,16 @@ def test_same_results_as_the_local_executor_and_failures_per_item():
     assert isinstance(make_executor("dask", 2), DaskExecutor)
     with pytest.raises(ConfigError, match="retries must be >= 0"):
         from_mapping(DaskConfig, {"retries": -1}, "dask")
+
+
+def test_workers_are_numbered_so_each_can_take_its_own_gpu():
+    from longlive_core.devices import pick_device
+    from longlive_core.parallel import worker_slot
+
+    assert worker_slot() == 0  # outside any pool
+    for executor in (LocalProcessExecutor(2), DaskExecutor(2)):
+        assert {slot for _, slot in executor.map_unordered(slot_after_a_nap, range(8))} == {0, 1}
+    assert pick_device("cpu", slot=1).type == "cpu"
 
 
 def test_a_killed_worker_loses_only_its_item_which_is_run_again(tmp_path):
@@ -75,8 +86,9 @@ def test_iqa_scores_through_worker_processes_and_dask_equal_the_inline_ones(demo
     pd.testing.assert_frame_equal(outs["dask"], outs["inline"])
 
 
-def test_latents_through_worker_processes_and_dask_equal_the_inline_ones(tmp_path):
-    import torch
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU (the device tool)"))])
+def test_latents_through_worker_processes_and_dask_equal_the_inline_ones(tmp_path, device):
     from safetensors.torch import load_file
 
     from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
@@ -84,10 +96,11 @@ def test_latents_through_worker_processes_and_dask_equal_the_inline_ones(tmp_pat
     from .test_latents_encode import make_inputs
 
     clips, shots, samples = make_inputs(tmp_path)
-    cfg = from_mapping(EncodeLatentsConfig, {"clip": {"height": 32, "width": 32}, "text_max_length": 16},
-                       "encode_latents")
+    cfg = from_mapping(EncodeLatentsConfig, {"clip": {"height": 32, "width": 32}, "text_max_length": 16,
+                                             "device": device}, "encode_latents")
     indexes, tensors = {}, {}
-    for name, executor in (("inline", None), ("local", LocalProcessExecutor(2)), ("dask", DaskExecutor(2))):
+    for name, executor in (("inline", None), ("local", LocalProcessExecutor(2)),
+                           ("dask", make_executor("dask", 2, gpu=device == "cuda"))):
         out = tmp_path / name
         counts = encode_samples(samples, shots, clips, out / "shards", out / "index.parquet", out / "failed.parquet",
                                 cfg, Comm(), executor)
@@ -96,6 +109,8 @@ def test_latents_through_worker_processes_and_dask_equal_the_inline_ones(tmp_pat
         indexes[name] = pd.read_parquet(out / "index.parquet").drop(columns="shard")
         tensors[name] = {k: v for shard in sorted((out / "shards").iterdir()) for k, v in load_file(shard).items()}
         tensors[name]["empty"] = load_file(out / "empty_prompt.safetensors")["text"]
+        if device == "cuda":  # the workers encoded on the GPU
+            assert counts["peak_cuda_mb"] > 0
     for name in ("local", "dask"):
         pd.testing.assert_frame_equal(indexes[name], indexes["inline"])
         assert tensors[name].keys() == tensors["inline"].keys()

@@ -23,3 +23,13 @@ def always_die(x: int) -> int:
     if x == 1:
         os._exit(1)
     return x
+
+
+def slot_after_a_nap(_: int) -> int:
+    """The worker's slot, after long enough that every worker gets items."""
+    import time
+
+    from longlive_core.parallel import worker_slot
+
+    time.sleep(0.2)
+    return worker_slot()
