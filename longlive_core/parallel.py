@@ -17,7 +17,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from longlive_core.config import ConfigError
+from longlive_core.config import ConfigError, from_mapping
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -126,6 +126,14 @@ class DaskConfig:
     def validate(self, where: str) -> None:
         if self.retries < 0:
             raise ConfigError(f"{where}.retries must be >= 0")
+
+    @classmethod
+    def from_params(cls, params: dict) -> DaskConfig:
+        return from_mapping(cls, params.get("dask"), "dask")  # where work runs: no stage's DVC param
+
+    def remote(self, executor: str) -> bool:
+        """Whether a stage with this ``executor`` runs its items on another machine's devices."""
+        return executor == "dask" and bool(self.address)
 
 
 def cluster_settings(retries: int) -> dict:

@@ -12,7 +12,7 @@ import sys
 
 import pandas as pd
 
-from longlive_core.config import ConfigError, from_mapping, load_params, stage_config
+from longlive_core.config import ConfigError, load_params, stage_config
 from longlive_core.devices import pick_device
 from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
 from longlive_core.parallel import DaskConfig, make_executor
@@ -30,8 +30,8 @@ class Prepared:
 
 def config(params) -> Prepared:
     cfg = stage_config(EncodeLatentsConfig, "encode_latents", params)
-    dask = from_mapping(DaskConfig, params.get("dask"), "dask")  # where the work runs: not a DVC param
-    if cfg.executor == "dask" and dask.address:
+    dask = DaskConfig.from_params(params)
+    if dask.remote(cfg.executor):
         if cfg.device == "auto":  # each worker would decide, and the text encoder's dtype (in the cache key) with it
             raise ConfigError("encode_latents.device must be cpu or cuda with a remote Dask cluster (dask.address)")
     else:  # a GPU asked for and absent: said before anything starts

@@ -8,7 +8,7 @@ import dataclasses
 
 import pandas as pd
 
-from longlive_core.config import from_mapping, stage_config
+from longlive_core.config import stage_config
 from longlive_core.devices import pick_device
 from longlive_core.io.atomic import write_parquet
 from longlive_core.iqa.metrics import IQAConfig, lower_is_better
@@ -27,8 +27,8 @@ class Prepared:
 
 def prepare(params) -> Prepared:
     cfg = stage_config(IQAConfig, "iqa_filter", params)
-    dask = from_mapping(DaskConfig, params.get("dask"), "dask")  # where the work runs: not a DVC param
-    if not (cfg.executor == "dask" and dask.address):  # here, or a local cluster here: this machine's devices
+    dask = DaskConfig.from_params(params)
+    if not dask.remote(cfg.executor):  # here, or a local cluster here: a GPU asked for and absent is said now
         pick_device(cfg.device, "iqa_filter.device")
     return Prepared(cfg, dask)
 

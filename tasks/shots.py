@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from longlive_core.config import from_mapping, stage_config
+from longlive_core.config import stage_config
 from longlive_core.io.atomic import remove_stale_tmp, write_parquet
 from longlive_core.parallel import DaskConfig, make_executor
 from longlive_core.shots.detect import ShotsConfig
@@ -27,7 +27,7 @@ class Prepared:
 
 
 def prepare(params) -> Prepared:
-    dask = from_mapping(DaskConfig, params.get("dask"), "dask")  # where the work runs: not a DVC param of shots
+    dask = DaskConfig.from_params(params)
     return Prepared(stage_config(ShotsConfig, "shots", params), raw_root(params), dask)
 
 
