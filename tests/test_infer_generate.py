@@ -154,3 +154,34 @@ def test_bad_prompt_lines_and_a_bf16_run_of_a_w4a4_folder_are_refused(model_dir,
     assert longlive(["generate", "--model", str(folder), "--prompts", str(prompts), "--out", str(out),
                      "--precision", "bf16", "--device", "cpu"]) == 2
     assert longlive([]) == 2 and longlive(["nope"]) == 2
+
+
+@pytest.mark.slow
+def test_two_sequence_parallel_ranks_make_the_frames_of_one(model_dir, tmp_path):
+    """`--sp 2` under torchrun on the CPU (gloo): each rank runs one of a chunk's two latent frames, every
+    block's attention exchanges heads for tokens, rank 0 decodes; the video is the one process's."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO, cli_env
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(TWO_SHOTS)
+    outs = {}
+    for sp in (1, 2):
+        outs[sp] = tmp_path / f"sp{sp}.mp4"
+        cmd = [sys.executable, "-m", "longlive_core.cli", "generate", "--model", str(model_dir), "--prompts",
+               str(prompts), "--out", str(outs[sp]), "--device", "cpu", "--sp", str(sp), "--params",
+               str(tmp_path / "params.yaml")]
+        (tmp_path / "params.yaml").write_text(json.dumps({"generate": {"window": 6, "global_sink": 2,
+                                                                       "shot_sink": 2}}))
+        proc = subprocess.run(cmd, cwd=REPO, env=cli_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = frames_of(outs[1]), frames_of(outs[2])
+    assert one.shape == two.shape and len(one) == json.loads(outs[2].with_name("sp2.mp4.json").read_text())["frames"]
+    diff = np.abs(one.astype(int) - two.astype(int))
+    assert diff.max() <= 1 and diff.mean() < 0.01, (diff.max(), diff.mean())  # bit-equal here; GEMMs of other sizes may round
+    side = json.loads(outs[2].with_name("sp2.mp4.json").read_text())
+    assert side["sp"] == 2 and side["kv_bytes_per_token"] * 2 == json.loads(
+        outs[1].with_name("sp1.mp4.json").read_text())["kv_bytes_per_token"]  # each rank caches half the heads

@@ -22,6 +22,7 @@ from longlive_core.infer.kv_quant import KVQuantConfig
 from longlive_core.infer.prompts import ShotPlan
 from longlive_core.infer.rollout import RolloutConfig, denoise_chunk, write_chunk
 from longlive_core.models.wan_dit import WanDiT
+from longlive_core.train.sequence_parallel import WHOLE, SequenceShard, UlyssesAttention
 
 KV_FORMATS = ("bf16", "nvfp4")
 PRECISIONS = ("auto", "bf16", "nvfp4", "fp8")
@@ -130,21 +131,55 @@ class DiTTimer:
         return sum(a.elapsed_time(b) for a, b in self.pairs) / 1000.0
 
 
+class _ShardedLayer(UlyssesAttention):
+    @torch.compiler.disable  # the exchange and the cache stay out of a compiled block's graph
+    def __call__(self, q, k, v, mask_mod):
+        return super().__call__(q, k, v, mask_mod)
+
+
+class ShardedCache:
+    """The KV cache under sequence parallelism (Ulysses over the chunk's tokens): every block's q, k
+    and v cross in an all-to-all, so this rank attends, and caches, every token of the chunk for its
+    H/P heads; the cache is a P-th of one process's."""
+
+    def __init__(self, cache: KVCache, shard: SequenceShard):
+        self.cache, self.shard = cache, shard
+
+    def for_layer(self, index: int) -> _ShardedLayer:
+        return _ShardedLayer(self.shard, self.cache.for_layer(index))
+
+
+def gather_frames(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
+    """Every rank's frames (dim 2) of a chunk, in rank order, on every rank."""
+    if shard.size == 1:
+        return x
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(x) for _ in range(shard.size)]
+    dist.all_gather(parts, x.contiguous(), group=shard.group)
+    return torch.cat(parts, dim=2)
+
+
 @torch.no_grad()
 def generate(model: WanDiT, plan: list[ShotPlan], texts: list[torch.Tensor], cache: KVCache, steps: tuple[int, ...],
-             stream: FrameStream, latent_shape: tuple[int, int, int], shot_offset: int, seed: int,
-             dtype: torch.dtype, on_chunk=None) -> EngineStats:
+             stream: FrameStream | None, latent_shape: tuple[int, int, int], shot_offset: int, seed: int,
+             dtype: torch.dtype, on_chunk=None, shard: SequenceShard = WHOLE) -> EngineStats:
     """``texts``: one (1, T, D) embedding per segment of ``plan``, in order; ``latent_shape`` (C, h, w).
-    ``on_chunk(stats)`` after every chunk (a progress line)."""
+    ``on_chunk(stats)`` after every chunk (a progress line). With ``shard`` of P ranks each rank runs
+    the DiT on F_c / P of every chunk's frames (the same seed draws the same noise everywhere), the
+    chunk's x0 is gathered, and the ``stream`` (rank 0's; None elsewhere) gets it whole."""
     device = next(model.parameters()).device
     channels, h, w = latent_shape
     chunk = plan[0].chunk_frames
+    if chunk % shard.size:
+        raise ConfigError(f"{chunk}-frame chunks do not split over {shard.size} sequence-parallel ranks")
+    lo, hi = shard.rank * chunk // shard.size, (shard.rank + 1) * chunk // shard.size
     generator = torch.Generator(device).manual_seed(seed)
     stats, timer = EngineStats(), DiTTimer(device)
     total = sum(sum(shot.chunks) for shot in plan)
     position = 0
     segment = iter(texts)
-    saved, model.attention_fn = model.attention_fn, cache
+    saved, model.attention_fn = model.attention_fn, (cache if shard.size == 1 else ShardedCache(cache, shard))
     try:
         for shot in plan:
             if shot.index > 0:
@@ -157,14 +192,17 @@ def generate(model: WanDiT, plan: list[ShotPlan], texts: list[torch.Tensor], cac
                     began = timer.start()
                     positions = torch.arange(position, position + chunk, device=device)
                     noise = torch.randn((1, channels, chunk, h, w), generator=generator, device=device)
-                    x0 = denoise_chunk(model, noise, text, positions, steps, generator, dtype=dtype)
+                    x0 = denoise_chunk(model, noise[:, :, lo:hi], text, positions[lo:hi], steps, generator,
+                                       dtype=dtype, part=(lo, hi, chunk))
+                    whole = gather_frames(x0, shard)
                     timer.stop(began)
-                    stream.put(x0[0], new_shot)  # synchronous decoding runs here, outside the DiT's time
+                    if stream is not None:
+                        stream.put(whole[0], new_shot)  # synchronous decoding runs here, outside the DiT's time
                     new_shot = False
                     stats.chunks += 1
                     if stats.chunks < total:  # the last chunk's keys are never read
                         began = timer.start()
-                        write_chunk(model, cache, x0, text, positions, dtype)
+                        write_chunk(model, cache, x0, text, positions[lo:hi], dtype, frames=chunk)
                         timer.stop(began)
                     if cache.nbytes > stats.kv_bytes:
                         stats.kv_bytes, stats.kv_tokens = cache.nbytes, cache.frames * cache.tokens_per_frame

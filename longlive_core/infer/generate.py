@@ -1,18 +1,22 @@
 """``longlive generate``: a video from any model folder the chain makes and a prompt file.
 
     longlive generate --model models/w4a4 --prompts story.txt --out story.mp4 [--seed N] [--steps 4|2]
-                      [--kv nvfp4|bf16] [--precision bf16|nvfp4|fp8] [--decode async|sync]
+                      [--kv nvfp4|bf16] [--precision bf16|nvfp4|fp8] [--decode async|sync] [--sp P]
 
 Defaults come from ``params.yaml``'s ``generate`` section (``--params``); the text encoder, the VAE,
 the resolution, the frame rate, the chunk length and the shot offset from the model folder's
 config.json, as training used them. Writes the mp4 (frames streamed in as they are decoded; the
 file appears only when complete) and ``<out>.json`` beside it: frames, FPS of the denoise loop and
 end to end, peak memory, KV bytes per token, the recipe. The same seed gives the same frames.
+``--sp P`` re-runs the command under torchrun on P ranks (GPUs, or CPU processes): sequence
+parallelism over each chunk's frames (``engine.ShardedCache``); rank 0 decodes and writes.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import resource
 import sys
 import time
@@ -35,6 +39,8 @@ from longlive_core.models.vae import vae_from
 from longlive_core.models.weights import CheckpointError
 from longlive_core.progress import Progress, setup_logging
 from longlive_core.quant.recipe import convert_linears, convert_linears_fp8
+from longlive_core.train.launch import torchrun_command, under_torchrun
+from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
 from longlive_core.video.writer import VideoWriter
 
 log = logging.getLogger("longlive.generate")
@@ -64,10 +70,12 @@ def prepare_model(directory: Path, precision: str, device: torch.device):
 
 
 def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, cfg: GenerateConfig,
-                  steps: int | None = None, on_frame: Callable[[np.ndarray], None] | None = None) -> dict:
+                  steps: int | None = None, on_frame: Callable[[np.ndarray], None] | None = None,
+                  shard: SequenceShard = WHOLE) -> dict | None:
     """Generates ``out`` (mp4) and ``out``.json; returns the sidecar's contents. ``on_frame`` sees
     every (H, W, 3) uint8 frame as it goes into the file (x264's bytes are not reproducible bit for
-    bit from run to run; the frames are)."""
+    bit from run to run; the frames are). Under sequence parallelism every rank calls this; rank 0
+    alone loads the VAE and writes (the others return None)."""
     wall = time.perf_counter()
     model_dir, prompts, out = Path(model_dir), Path(prompts), Path(out)
     if not prompts.is_file():
@@ -75,6 +83,9 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     device = pick_device(cfg.device, "generate.device")
     step_list = cfg.steps(steps)
     model, config, recipe = prepare_model(model_dir, cfg.precision, device)
+    if model.cfg.num_heads % shard.size:
+        raise ConfigError(f"--sp {shard.size}: the model's {model.cfg.num_heads} attention heads do not split over "
+                          f"{shard.size} ranks")
     dtype = model.patch_embedding.weight.dtype
     if cfg.compile:
         for block in model.blocks:
@@ -89,6 +100,12 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     embedded = encoder.encode([s.prompt for s in segments])
     del encoder  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
     texts = [embedded[i:i + 1] for i in range(len(segments))]
+    if shard.rank != 0:  # the DiT's share of every chunk; rank 0 decodes and writes
+        _, ph, pw = model.cfg.patch_size
+        cache = cfg.cache(model, (int(latent["height"]) // ph) * (int(latent["width"]) // pw), chunk)
+        generate(model, plan, texts, cache, step_list, None, (int(latent["channels"]), int(latent["height"]),
+                 int(latent["width"])), int(config["multi_shot"]["shot_rope_offset"]), cfg.seed, dtype, shard=shard)
+        return None
     decoder = ShotDecoder(vae_from(config["vae"]["path"], device))
 
     if device.type == "cuda":
@@ -115,14 +132,15 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
         try:
             stats = generate(model, plan, texts, cache, step_list, stream, (int(latent["channels"]), h, w),
                              int(config["multi_shot"]["shot_rope_offset"]), cfg.seed, dtype,
-                             on_chunk=lambda _: progress.advance())
+                             on_chunk=lambda _: progress.advance(), shard=shard)
         finally:
             stream.close()
     elapsed = time.perf_counter() - start
     expected = sum(shot.video_frames for shot in plan)
     if stream.frames != expected:
         raise RuntimeError(f"decoded {stream.frames} frames where the plan makes {expected}")
-    bf16_per_token = 2 * len(model.blocks) * model.cfg.dim * 2  # K and V, every layer, 2 bytes each
+    # K and V, every layer, 2 bytes each; a sequence-parallel rank caches a P-th of the heads
+    bf16_per_token = 2 * len(model.blocks) * model.cfg.dim * 2 // shard.size
     sidecar = {
         "video": out.name, "frames": stream.frames, "fps": float(fps), "width": int(video["width"]),
         "height": int(video["height"]), "seconds": stream.frames / float(fps),
@@ -130,7 +148,7 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
                    "prompts": [seg.prompt for seg in s.segments], "lines": [seg.line for seg in s.segments]}
                   for s in plan],
         "seed": cfg.seed, "steps": list(step_list), "model": str(model_dir), "model_format": config["format"],
-        "recipe": recipe, "kv": cfg.kv, "decode": cfg.decode, "device": str(device),
+        "recipe": recipe, "kv": cfg.kv, "decode": cfg.decode, "device": str(device), "sp": shard.size,
         "window": cfg.window, "global_sink": cfg.global_sink, "shot_sink": cfg.shot_sink,
         "denoise_s": stats.denoise_s, "decode_s": stream.decode_s, "generate_s": elapsed,
         "wall_s": time.perf_counter() - wall,
@@ -139,7 +157,7 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
         "peak_memory_bytes": (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                               else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
         "peak_memory_kind": "cuda max allocated" if device.type == "cuda" else "process max RSS",
-        "kv_bytes_per_token": stats.kv_bytes_per_token, "kv_bytes_per_token_bf16": bf16_per_token,
+        "kv_bytes_per_token": stats.kv_bytes_per_token, "kv_bytes_per_token_bf16": bf16_per_token,  # per rank
     }
     write_json(sidecar, out.with_name(out.name + ".json"))
     log.info("%s: %d frames, denoise loop %.1f FPS, end to end %.1f FPS, decode %.1fs, peak memory %.2f GiB",
@@ -176,14 +194,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", choices=("async", "sync"))
     ap.add_argument("--device", help="auto | cpu | cuda")
     ap.add_argument("--params", help="params file with a generate section (default: ./params.yaml if present)")
+    ap.add_argument("--sp", type=int, default=1, help="sequence-parallel ranks (torchrun on this machine: one GPU "
+                    "each, or CPU processes); the model's heads and the chunk's latent frames must split over them")
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     setup_logging()
+    if args.sp < 1:
+        print("longlive generate: --sp must be at least 1", file=sys.stderr)
+        return 2
+    if args.sp > 1 and not under_torchrun():  # re-run as P ranks of this same command
+        cmd = [*torchrun_command("longlive_core.cli", 1, args.sp), "generate", *argv]
+        os.execvp(cmd[0], cmd)
     try:
         cfg = config_from(args.params, {"seed": args.seed, "kv": args.kv, "precision": args.precision,
                                         "decode": args.decode, "device": args.device})
-        generate_file(args.model, args.prompts, args.out, cfg, args.steps)
+        with sequence_parallel(args.sp, cfg.device) as shard:
+            generate_file(args.model, args.prompts, args.out, cfg, args.steps, shard=shard)
     except (ConfigError, PromptFileError, CheckpointError) as e:
         print(f"longlive generate: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+@contextlib.contextmanager
+def sequence_parallel(size: int, device_name: str):
+    """The process group of ``size`` torchrun ranks (NCCL between GPUs, gloo on the CPU), or WHOLE."""
+    if size == 1 and not under_torchrun():
+        yield WHOLE
+        return
+    import torch.distributed as dist
+
+    world = int(os.environ["WORLD_SIZE"])
+    if world != size:
+        raise ConfigError(f"--sp {size} but torchrun started {world} ranks")
+    device = pick_device(device_name, "generate.device")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        yield SequenceShard(dist.get_rank(), world, dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
 

@@ -34,11 +34,14 @@ class RolloutConfig:
 
 def denoise_chunk(model: WanDiT, x: torch.Tensor, text: torch.Tensor, positions: torch.Tensor,
                   steps: tuple[int, ...], generator: torch.Generator | None, exit_index: int | None = None,
-                  grad: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+                  grad: bool = False, dtype: torch.dtype | None = None,
+                  part: tuple[int, int, int] | None = None) -> torch.Tensor:
     """x (B, C, F_c, h, w) pure noise at steps[0] -> the chunk's x0, reading (not writing) the cache:
     the x0 predicted at step ``exit_index`` (default the last, steps[-2]); with ``grad`` that one
     prediction carries the gradient, every step before it runs without. The model reads x in
-    ``dtype`` (default x's); the chunk's running state stays in x's."""
+    ``dtype`` (default x's); the chunk's running state stays in x's. ``part`` (lo, hi, F): x is frames
+    lo:hi of an F-frame chunk (a sequence-parallel rank's share): fresh noise is drawn for all F frames
+    and cut, so the ranks together draw what one process would."""
     b = x.shape[0]
     last = len(steps) - 2 if exit_index is None else exit_index
     for i, (t, t_next) in enumerate(zip(steps[:-1], steps[1:])):
@@ -48,7 +51,10 @@ def denoise_chunk(model: WanDiT, x: torch.Tensor, text: torch.Tensor, positions:
             x0 = x - (t / 1000.0) * v.to(x.dtype)
         if i == last:
             return x0
-        noise = torch.randn(x.shape, generator=generator, device=generator.device if generator else x.device)
+        shape = x.shape if part is None else (*x.shape[:2], part[2], *x.shape[3:])
+        noise = torch.randn(shape, generator=generator, device=generator.device if generator else x.device)
+        if part is not None:
+            noise = noise[:, :, part[0]:part[1]]
         x = (1 - t_next / 1000.0) * x0 + (t_next / 1000.0) * noise.to(x.device, x.dtype)
     raise ValueError(f"exit_index {exit_index} is not a step of {list(steps)}")
 
@@ -91,8 +97,10 @@ def rollout(model: WanDiT, noise: torch.Tensor, text: torch.Tensor | Sequence[to
 
 @torch.no_grad()
 def write_chunk(model: WanDiT, cache: KVCache, x0: torch.Tensor, text: torch.Tensor, positions: torch.Tensor,
-                dtype: torch.dtype | None = None) -> None:
-    """The finished chunk once more at t = 0: its clean keys and values go into the cache."""
-    with cache.write(x0.shape[2]):
+                dtype: torch.dtype | None = None, frames: int | None = None) -> None:
+    """The finished chunk once more at t = 0: its clean keys and values go into the cache. ``frames``:
+    the whole chunk's latent frames where x0 is one sequence-parallel rank's share of them (the
+    exchange before attention gives every rank's cache every frame, for its share of the heads)."""
+    with cache.write(frames or x0.shape[2]):
         model(x0.detach().to(dtype or x0.dtype), torch.zeros(x0.shape[0], device=x0.device), text,
               frame_positions=positions)
