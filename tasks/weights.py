@@ -19,9 +19,11 @@ from longlive_core.models.weights import weights_identity
 from tasks.paths import WEIGHTS
 from tasks.stage import main_for
 
-# the params, per reading stage, that name weights ("tiny": the built-in random models, no file)
+# the params, per reading stage, that name weights ("tiny": the built-in random models, no file);
+# a dotted key is nested (evaluate.weights.musiq)
 WEIGHT_PARAMS = {"iqa_filter": ("maniqa_checkpoint",), "encode_latents": ("vae", "text_encoder"),
-                 "train_ar": ("init",)}
+                 "train_ar": ("init",), "evaluate": ("weights.musiq", "weights.dino")}
+OPTIONAL = {"evaluate"}  # stages whose weights may be null: the metric is skipped, and the scores say so
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +39,11 @@ def prepare(params) -> Prepared:
             keys = ()  # only MANIQA has weights
         paths[stage] = {}
         for key in keys:
-            value = section.get(key)
+            value = section
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            if value is None and stage in OPTIONAL:
+                continue
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{stage}.{key} must name the weights' path, got {value!r}")
             paths[stage][key] = value

@@ -181,7 +181,8 @@ def test_two_sequence_parallel_ranks_make_the_frames_of_one(model_dir, tmp_path)
     one, two = frames_of(outs[1]), frames_of(outs[2])
     assert one.shape == two.shape and len(one) == json.loads(outs[2].with_name("sp2.mp4.json").read_text())["frames"]
     diff = np.abs(one.astype(int) - two.astype(int))
-    assert diff.max() <= 1 and diff.mean() < 0.01, (diff.max(), diff.mean())  # bit-equal here; GEMMs of other sizes may round
+    # bit-equal here; GEMMs over other token counts may round differently elsewhere
+    assert diff.max() <= 1 and diff.mean() < 0.01, (diff.max(), diff.mean())
     side = json.loads(outs[2].with_name("sp2.mp4.json").read_text())
     assert side["sp"] == 2 and side["kv_bytes_per_token"] * 2 == json.loads(
         outs[1].with_name("sp1.mp4.json").read_text())["kv_bytes_per_token"]  # each rank caches half the heads
