@@ -42,9 +42,9 @@ def prepare(params: dict[str, Any]) -> Prepared:
     return Prepared(cfg, generate, stage_config(ShotsConfig, "shots", params))
 
 
-def score_video(path, side: dict, p: Prepared, sheet_path, weighted: list) -> dict:
+def score_video(path, side: dict, p: Prepared, sheet_path, weighted: list, fvd=None) -> dict:
     """The metrics of one generated mp4, read back as a viewer sees it, and its contact sheet;
-    ``weighted``: the metrics that need weights, fed the same frames."""
+    ``weighted``: the metrics that need weights, and ``fvd``'s clip features, fed the same frames."""
     import av
     import numpy as np
 
@@ -57,13 +57,14 @@ def score_video(path, side: dict, p: Prepared, sheet_path, weighted: list) -> di
     picks = {int(start + i): k for k, (start, n) in enumerate(zip(starts, lengths))
              for i in np.linspace(0, n - 1, p.cfg.sheet_frames_per_shot).round()}
     stats, thumbs = VideoStats(starts), {k: [] for k in range(len(lengths))}
-    for metric in weighted:
+    feeds = [*weighted, *([fvd.generated] if fvd is not None else [])]
+    for metric in feeds:
         metric.start(starts)
     with av.open(str(path)) as container:
         for index, frame in enumerate(container.decode(video=0)):
             rgb = frame.to_ndarray(format="rgb24")
             stats.add(rgb)
-            for metric in weighted:
+            for metric in feeds:
                 metric.add(rgb)
             if index in picks:
                 thumbs[picks[index]].append(rgb)
@@ -87,7 +88,7 @@ def body(p: Prepared, run) -> dict:
     from longlive_core.infer.generate import generate_file
     from longlive_core.io.atomic import write_bytes, write_json
 
-    weighted, skipped = build_metrics(p.cfg.weights, pick_device(p.cfg.device, f"{STAGE}.device"))
+    weighted, fvd, skipped = build_metrics(p.cfg.weights, pick_device(p.cfg.device, f"{STAGE}.device"))
     for name, reason in skipped.items():
         log.info("%s: skipped: %s", name, reason)
 
@@ -100,7 +101,7 @@ def body(p: Prepared, run) -> dict:
         write_bytes(text.encode("utf-8"), prompts)
         video, sheet = EVALUATE_VIDEOS / f"{name}.mp4", EVALUATE_SHEETS / f"{name}.png"
         side = generate_file(W4A4_MODEL, prompts, video, p.generate, p.cfg.steps)
-        videos[name] = score_video(video, side, p, sheet, weighted)
+        videos[name] = score_video(video, side, p, sheet, weighted, fvd)
         run.log_metrics({f"{name}.{k}": v for k, v in videos[name].items() if isinstance(v, (int, float))})
         run.log_artifact(video, f"videos/{name}")
         run.log_artifact(sheet, f"videos/{name}")
@@ -110,6 +111,11 @@ def body(p: Prepared, run) -> dict:
                  videos[name]["shot_switch"]["unasked"])
     aggregate = {m: sum(v[m] for v in videos.values()) / len(videos)
                  for m in (*VERDICT_METRICS, *(metric.name for metric in weighted))}
+    fvd_clips = {}
+    if fvd is not None:  # lower is better; over the whole suite's clips against the reference's
+        result = fvd.distance()
+        aggregate["fvd"] = result.pop("fvd")
+        fvd_clips = result
     version, champion = run.registered_alias(p.cfg.registered_model, "champion")
     reason = (f"no champion registered as {p.cfg.registered_model}" if run.active
               else "the MLflow registry could not be read (tracking off or unreachable)")
@@ -117,8 +123,8 @@ def body(p: Prepared, run) -> dict:
                      f"{p.cfg.registered_model} v{version}", reason)
     scores = {"aggregate": aggregate, "verdict": judged, "videos": videos, "model": str(W4A4_MODEL),
               "weights": {**{m: "none (pixels only)" for m in VERDICT_METRICS},
-                          **{metric.name: metric.weights for metric in weighted}},
-              "skipped": skipped}
+                          **{metric.name: metric.weights for metric in [*weighted, *([fvd] if fvd else [])]}},
+              "skipped": skipped, **({"fvd_clips": fvd_clips} if fvd_clips else {})}
     write_json(scores, EVALUATE_SCORES)
     run.log_metrics({**aggregate, "verdict_passed": int(judged["passed"])})
     run.log_artifact(EVALUATE_SCORES)

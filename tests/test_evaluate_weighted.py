@@ -36,7 +36,7 @@ def test_imaging_quality_is_musiqs_mean_over_frames_over_100(tmp_path):
     torch.manual_seed(0)
     ref = musiq_architecture().eval()
     paths = from_mapping(WeightPaths, {"musiq": saved(ref, tmp_path / "musiq.safetensors")}, "evaluate.weights")
-    [metric], skipped = build_metrics(paths, torch.device("cpu"))
+    [metric], _, skipped = build_metrics(paths, torch.device("cpu"))
     assert metric.name == "imaging_quality" and "subject_consistency" in skipped
     video = frames(5, 1)
     metric.start([0])
@@ -53,7 +53,7 @@ def test_subject_consistency_follows_vbenchs_formula_shot_by_shot(tmp_path):
     torch.manual_seed(0)
     ref = dino_architecture().eval()
     paths = from_mapping(WeightPaths, {"dino": saved(ref, tmp_path / "dino.safetensors")}, "evaluate.weights")
-    [metric], _ = build_metrics(paths, torch.device("cpu"))
+    [metric], _, _ = build_metrics(paths, torch.device("cpu"))
     still = frames(1, 2) * 3  # one frame three times: every similarity is 1
     metric.start([0])
     for rgb in still:
@@ -88,8 +88,8 @@ def test_missing_or_foreign_checkpoints_are_refused(tmp_path):
     save_file({"fc.weight": torch.zeros(2, 2)}, str(foreign))
     with pytest.raises(ConfigError, match="does not fit imaging_quality"):
         build_metrics(WeightPaths(musiq=str(foreign)), torch.device("cpu"))
-    metrics, skipped = build_metrics(WeightPaths(), torch.device("cpu"))
-    assert not metrics and set(skipped) == {"imaging_quality", "subject_consistency"}
+    metrics, fvd, skipped = build_metrics(WeightPaths(), torch.device("cpu"))
+    assert not metrics and fvd is None and set(skipped) == {"imaging_quality", "subject_consistency", "fvd"}
     assert "evaluate.weights.dino is null" in skipped["subject_consistency"]
 
 
@@ -103,7 +103,7 @@ def test_the_evaluate_stage_feeds_a_videos_frames_to_the_weighted_metrics(tmp_pa
     torch.manual_seed(0)
     paths = WeightPaths(musiq=saved(musiq_architecture(), tmp_path / "m.safetensors"),
                         dino=saved(dino_architecture(), tmp_path / "d.safetensors"))
-    metrics, skipped = build_metrics(paths, torch.device("cpu"))
+    metrics, _, skipped = build_metrics(paths, torch.device("cpu"))
     video = tmp_path / "v.mp4"
     encode_frames(video, frames(4, 5) + frames(4, 6), fps=24, width=80, height=48, crf=0)
     side = {"frames": 8, "fps": 24.0, "denoise_fps": 1.0, "end_to_end_fps": 1.0,
@@ -111,4 +111,4 @@ def test_the_evaluate_stage_feeds_a_videos_frames_to_the_weighted_metrics(tmp_pa
     p = Prepared(from_mapping(EvaluateConfig, {"suite": {"x": "a\n"}}, "evaluate"), GenerateConfig(),
                  from_mapping(ShotsConfig, {}, "shots"))
     scores = score_video(video, side, p, tmp_path / "sheet.png", metrics)
-    assert not skipped and 0 < scores["subject_consistency"] <= 1 and np.isfinite(scores["imaging_quality"])
+    assert set(skipped) == {"fvd"} and 0 < scores["subject_consistency"] <= 1 and np.isfinite(scores["imaging_quality"])

@@ -403,7 +403,7 @@ def test_evaluate_scores_every_suite_video_and_passes_with_no_champion(demo_repr
         assert 0 < video["temporal_flickering"] <= 1 and 0 < video["within_shot_consistency"] <= 1
         assert video["shot_switch"]["asked"] and 0 <= video["shot_switch_accuracy"] <= 1
     assert scores["verdict"]["passed"] and "no champion registered" in scores["verdict"]["reasons"][0]
-    assert set(scores["skipped"]) == {"imaging_quality", "subject_consistency"}  # no weights in the demo: said
+    assert set(scores["skipped"]) == {"imaging_quality", "subject_consistency", "fvd"}  # no weights in the demo: said
     assert "imaging_quality" not in scores["aggregate"]
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     run_id = report(repo, "evaluate")["mlflow_run_id"]

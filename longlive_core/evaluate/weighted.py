@@ -11,7 +11,8 @@
   frame's patch grid with plain bicubic interpolation, DINO's own code with a nudged scale factor:
   scores can differ from VBench's in the third decimal.
 
-A metric is built from a path (``evaluate.weights``); each result names the file and its content
+FVD (``evaluate/fvd.py``) joins them where an I3D file and a folder of real videos are given. A
+metric is built from a path (``evaluate.weights``); each result names the file and its content
 digest. Weights load with ``weights_only`` or from safetensors, never by unpickling code.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from longlive_core.config import ConfigError
+from longlive_core.evaluate.fvd import FVD
 from longlive_core.iqa.metrics import load_state_dict
 from longlive_core.models.weights import weights_identity
 
@@ -35,13 +37,17 @@ class WeightPaths:
     """params ``evaluate.weights``: local files; null skips the metric (the scores say so)."""
     musiq: str | None = None  # VBench's imaging quality: pyiqa's musiq_spaq_ckpt-358bb6af.pth
     dino: str | None = None  # VBench's subject consistency: dino_vitbase16_pretrain.pth
+    i3d: str | None = None  # FVD's network: i3d_torchscript.pt
+    fvd_reference: str | None = None  # FVD's real side: a folder of videos
 
     def validate(self, where: str) -> None:
-        for name in ("musiq", "dino"):
+        for name in ("musiq", "dino", "i3d"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise ConfigError(f"{where}.{name}: {path} is not a file; put the checkpoint there (it is never "
                                   "downloaded at run time) or set null to skip the metric")
+        if self.fvd_reference is not None and not Path(self.fvd_reference).is_dir():
+            raise ConfigError(f"{where}.fvd_reference: {self.fvd_reference} is not a folder of real videos")
 
 
 def load_weights(net: torch.nn.Module, path: str, what: str) -> torch.nn.Module:
@@ -165,10 +171,17 @@ class SubjectConsistency(FrameMetric):
         return self.total / self.count
 
 
-def build_metrics(paths: WeightPaths, device: torch.device) -> tuple[list[FrameMetric], dict[str, str]]:
-    """The metrics whose weights are configured, and a reason for each one skipped."""
+def build_metrics(paths: WeightPaths, device: torch.device) -> tuple[list[FrameMetric], FVD | None, dict[str, str]]:
+    """The per-video metrics whose weights are configured, FVD where its network and reference are,
+    and a reason for each one skipped."""
     metrics: list[FrameMetric] = []
     skipped: dict[str, str] = {}
+    fvd = None
+    if paths.i3d is None or paths.fvd_reference is None:
+        missing = " and ".join(f"evaluate.weights.{k}" for k in ("i3d", "fvd_reference") if getattr(paths, k) is None)
+        skipped["fvd"] = f"no weights or reference: {missing} null (give the local paths)"
+    else:
+        fvd = FVD(paths.i3d, paths.fvd_reference, device)
     for name, path, arch, cls in (("imaging_quality", paths.musiq, musiq_architecture, ImagingQuality),
                                   ("subject_consistency", paths.dino, dino_architecture, SubjectConsistency)):
         if path is None:
@@ -176,4 +189,4 @@ def build_metrics(paths: WeightPaths, device: torch.device) -> tuple[list[FrameM
             skipped[name] = f"no weights: evaluate.weights.{key} is null (give the local checkpoint's path)"
             continue
         metrics.append(cls(load_weights(arch(), path, name), path, device))
-    return metrics, skipped
+    return metrics, fvd, skipped
