@@ -83,6 +83,7 @@ def score_video(path, side: dict, p: Prepared, sheet_path, weighted: list, fvd=N
 def body(p: Prepared, run) -> dict:
     import shutil
 
+    from longlive_core.evaluate.vbench_run import run_vbench
     from longlive_core.evaluate.verdict import verdict
     from longlive_core.evaluate.weighted import build_metrics
     from longlive_core.infer.generate import generate_file
@@ -111,6 +112,13 @@ def body(p: Prepared, run) -> dict:
                  videos[name]["shot_switch"]["unasked"])
     aggregate = {m: sum(v[m] for v in videos.values()) / len(videos)
                  for m in (*VERDICT_METRICS, *(metric.name for metric in weighted))}
+    vbench = run_vbench(p.cfg.vbench, [EVALUATE_VIDEOS / f"{name}.mp4" for name in sorted(videos)])
+    for name, reason in vbench["not_run"].items():
+        log.info("VBench %s: %s", name, reason)
+    if vbench["aggregate"] is not None:
+        run.log_metrics({f"vbench.{k}": v for k, v in vbench["scores"].items()})
+        run.log_metrics({f"vbench.{k}": v for k in ("quality", "semantic", "total")
+                         if (v := vbench["aggregate"][k]) is not None})
     fvd_clips = {}
     if fvd is not None:  # lower is better; over the whole suite's clips against the reference's
         result = fvd.distance()
@@ -124,7 +132,7 @@ def body(p: Prepared, run) -> dict:
     scores = {"aggregate": aggregate, "verdict": judged, "videos": videos, "model": str(W4A4_MODEL),
               "weights": {**{m: "none (pixels only)" for m in VERDICT_METRICS},
                           **{metric.name: metric.weights for metric in [*weighted, *([fvd] if fvd else [])]}},
-              "skipped": skipped, **({"fvd_clips": fvd_clips} if fvd_clips else {})}
+              "skipped": skipped, "vbench": vbench, **({"fvd_clips": fvd_clips} if fvd_clips else {})}
     write_json(scores, EVALUATE_SCORES)
     run.log_metrics({**aggregate, "verdict_passed": int(judged["passed"])})
     run.log_artifact(EVALUATE_SCORES)

@@ -22,7 +22,8 @@ from tasks.stage import main_for
 # the params, per reading stage, that name weights ("tiny": the built-in random models, no file);
 # a dotted key is nested (evaluate.weights.musiq)
 WEIGHT_PARAMS = {"iqa_filter": ("maniqa_checkpoint",), "encode_latents": ("vae", "text_encoder"),
-                 "train_ar": ("init",), "evaluate": ("weights.musiq", "weights.dino", "weights.i3d", "weights.fvd_reference")}
+                 "train_ar": ("init",),
+                 "evaluate": ("weights.musiq", "weights.dino", "weights.i3d", "weights.fvd_reference", "vbench.cache")}
 OPTIONAL = {"evaluate"}  # stages whose weights may be null: the metric is skipped, and the scores say so
 
 

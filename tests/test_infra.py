@@ -245,3 +245,12 @@ def test_docker_compose_config(tmp_path):
                           text=True, check=False)
     out = proc.stderr + proc.stdout
     assert proc.returncode != 0 and any(name in out for name, op, _ in interpolations() if op == ":?"), out
+
+
+def test_the_vbench_environment_script_parses_and_pins_what_vbench_needs():
+    script = INFRA / "vbench" / "make_env.sh"
+    assert os.access(script, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, check=False).returncode == 0
+    pins = dict(line.split("==") for line in (INFRA / "vbench" / "requirements.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert pins["vbench"] == "0.1.5" and pins["transformers"] == "4.33.2" and int(pins["numpy"].split(".")[0]) < 2

@@ -405,6 +405,8 @@ def test_evaluate_scores_every_suite_video_and_passes_with_no_champion(demo_repr
     assert scores["verdict"]["passed"] and "no champion registered" in scores["verdict"]["reasons"][0]
     assert set(scores["skipped"]) == {"imaging_quality", "subject_consistency", "fvd"}  # no weights in the demo: said
     assert "imaging_quality" not in scores["aggregate"]
+    vbench = scores["vbench"]
+    assert vbench["aggregate"] is None and "evaluate.vbench.python is null" in vbench["not_run"]["vbench"]
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     run_id = report(repo, "evaluate")["mlflow_run_id"]
     logged = {a.path for a in client.list_artifacts(run_id, "videos/kite_city")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from longlive_core.config import ConfigError
+from longlive_core.evaluate.vbench_run import VBenchConfig
 from longlive_core.evaluate.weighted import WeightPaths
 from longlive_core.infer.prompts import PromptFileError, parse_prompts
 
@@ -21,6 +22,7 @@ class EvaluateConfig:
     registered_model: str = "longlive-2.0"  # the MLflow registry name whose "champion" the verdict compares with
     margins: dict = dataclasses.field(default_factory=lambda: {m: 0.0 for m in VERDICT_METRICS})
     weights: WeightPaths = WeightPaths()  # VBench's weighted dimensions from local checkpoints; null: skipped
+    vbench: VBenchConfig = VBenchConfig()  # official VBench in its own environment; python null: not run
     device: str = "auto"
 
     def validate(self, where: str) -> None:
@@ -39,5 +41,6 @@ class EvaluateConfig:
         if any(not isinstance(v, (int, float)) or v < 0 for v in self.margins.values()):
             raise ConfigError(f"{where}.margins: each margin is a number >= 0")
         self.weights.validate(f"{where}.weights")
+        self.vbench.validate(f"{where}.vbench")
         if self.cut_tolerance_frames < 0 or self.sheet_frames_per_shot < 1:
             raise ConfigError(f"{where}: cut_tolerance_frames must be >= 0 and sheet_frames_per_shot >= 1")
