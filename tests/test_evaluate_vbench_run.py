@@ -14,6 +14,11 @@ STAND_IN = f"""#!{sys.executable}
 import json, os, sys
 from pathlib import Path
 args = sys.argv[1:]
+if args[0] == "-c":  # where the vbench package is, and whether VBench-Long has its configs
+    print(json.dumps([os.environ["VBENCH_CACHE_DIR"], not os.environ.get("STAND_IN_NO_CONFIGS")]))
+    sys.exit(0)
+assert args[args.index("--full_json_dir") + 1] == os.environ["VBENCH_CACHE_DIR"] + "/VBench_full_info.json"
+assert "human_action: 10.0" in Path(args[args.index("--clip_length_config") + 1]).read_text()
 assert args[:2] == ["-m", "vbench2_beta_long.eval_long"] and "long_custom_input" in args, args
 assert os.environ["HF_HUB_OFFLINE"] == "1" and "PYTHONPATH" not in os.environ
 assert Path(os.environ["VBENCH_CACHE_DIR"]).is_dir()
@@ -62,6 +67,15 @@ def test_a_full_cache_runs_the_quality_dimensions_and_reads_their_scores(tmp_pat
     agg = result["aggregate"]
     assert agg["quality"] is not None and agg["semantic"] is None and agg["total"] is None  # never a partial Total
     assert "object_class" in agg["missing"]
+
+
+def test_a_vbench_without_vbench_longs_configs_runs_the_dimensions_that_do_without(tmp_path, monkeypatch):
+    cfg, videos = setup(tmp_path)
+    monkeypatch.setenv("STAND_IN_NO_CONFIGS", "1")
+    result = run_vbench(cfg, videos)
+    assert set(result["not_run"]) == {"subject_consistency", "background_consistency"}
+    assert "configs" in result["not_run"]["subject_consistency"] and result["aggregate"]["quality"] is None
+    assert set(result["scores"]) == set(QUALITY_DIMENSIONS) - {"subject_consistency", "background_consistency"}
 
 
 def test_a_failing_vbench_is_reported_with_its_last_words(tmp_path, monkeypatch):

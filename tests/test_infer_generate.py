@@ -186,3 +186,21 @@ def test_two_sequence_parallel_ranks_make_the_frames_of_one(model_dir, tmp_path)
     side = json.loads(outs[2].with_name("sp2.mp4.json").read_text())
     assert side["sp"] == 2 and side["kv_bytes_per_token"] * 2 == json.loads(
         outs[1].with_name("sp1.mp4.json").read_text())["kv_bytes_per_token"]  # each rank caches half the heads
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the device tool)")
+def test_the_vae_on_another_device_decodes_the_same_frames(model_dir, tmp_path):
+    """The DiT on the GPU, the VAE elsewhere (the CPU here; a second GPU where one is lent): the latents
+    cross over as they are handed to the decoder, and the frames are those the VAE makes beside the
+    DiT, up to the two devices' float rounding."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(TWO_SHOTS)
+    frames = {}
+    for vae in ("", "cpu"):
+        out = tmp_path / f"v{vae or 'same'}.mp4"
+        made: list[np.ndarray] = []
+        side = generate_file(model_dir, prompts, out, config(device="cuda", vae_device=vae), on_frame=made.append)
+        assert side["vae_device"] == ("cpu" if vae else "cuda:0")
+        frames[vae] = np.stack(made)
+    diff = np.abs(frames[""].astype(int) - frames["cpu"].astype(int))
+    assert frames[""].shape == frames["cpu"].shape and diff.mean() < 1.0, diff.mean()

@@ -14,6 +14,7 @@ are not run: Quality can be complete, Total cannot.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -35,6 +36,15 @@ CACHE_FILES = {
     "imaging_quality": ("pyiqa_model/musiq_spaq_ckpt-358bb6af.pth",),
 }
 QUALITY_DIMENSIONS = tuple(n for n, d in DIMENSIONS.items() if d.group == QUALITY)
+# VBench-Long's seconds per clip (it cuts 2 s clips in long_custom_input mode whatever these say, but
+# reads them): handed to it as a file, because the 0.1.5 wheel ships without its configs/ folder
+CLIP_SECONDS = {**{name: 2.0 for name in DIMENSIONS}, "human_action": 10.0, "temporal_style": 10.0,
+                "overall_consistency": 10.0}
+# VBench-Long fuses in-clip and clip-to-clip scores for these through configs/ files of its own
+NEEDS_LONG_CONFIGS = ("subject_consistency", "background_consistency")
+PROBE = ("import json, os, vbench, vbench2_beta_long as long; "
+         "print(json.dumps([os.path.dirname(vbench.__file__), "
+         "os.path.isfile(os.path.join(os.path.dirname(long.__file__), 'configs', 'slow_fast_params.yaml'))]))")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +83,23 @@ def plan(cfg: VBenchConfig) -> tuple[list[str], dict[str, str]]:
     return run, missing
 
 
-def command(cfg: VBenchConfig, videos: Path, out: Path, dimensions: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The VBench-Long command and its environment: nothing of this project's environment leaks in
-    (no PYTHONPATH, the interpreter's own site-packages), and the hubs are offline."""
+def environment(cfg: VBenchConfig) -> dict[str, str]:
+    """Nothing of this project's environment leaks in (no PYTHONPATH: the interpreter's own
+    site-packages), the weights come from the cache, and the hubs are offline."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update({"VBENCH_CACHE_DIR": str(Path(cfg.cache).resolve()), "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1", "TORCH_HOME": str(Path(cfg.cache).resolve() / "torch")})
-    cmd = [cfg.python, "-m", "vbench2_beta_long.eval_long", "--videos_path", str(videos), "--output_path", str(out),
-           "--mode", "long_custom_input", "--load_ckpt_from_local", "True", "--dimension", *dimensions]
-    return cmd, env
+    return env
+
+
+def command(cfg: VBenchConfig, videos: Path, out: Path, dimensions: list[str], package_dir: str,
+            clip_lengths: Path) -> list[str]:
+    """VBench-Long's command. Its default prompt-info and clip-length files are missing from the
+    0.1.5 wheel, so the one ``vbench`` ships (in ``package_dir``) and ours are named."""
+    return [cfg.python, "-m", "vbench2_beta_long.eval_long", "--videos_path", str(videos), "--output_path", str(out),
+            "--full_json_dir", str(Path(package_dir) / "VBench_full_info.json"), "--clip_length_config",
+            str(clip_lengths), "--mode", "long_custom_input", "--load_ckpt_from_local", "True",
+            "--dimension", *dimensions]
 
 
 def run_vbench(cfg: VBenchConfig, videos: list[Path]) -> dict:
@@ -100,8 +118,25 @@ def run_vbench(cfg: VBenchConfig, videos: list[Path]) -> dict:
                 os.link(video, staged / video.name)
             except OSError:  # another file system
                 shutil.copyfile(video, staged / video.name)
-        cmd, env = command(cfg, staged, out, dimensions)
+        env = environment(cfg)
+        clip_lengths = Path(tmp) / "clip_lengths.yaml"
+        clip_lengths.write_text("".join(f"{k}: {v}\n" for k, v in CLIP_SECONDS.items()))
         try:
+            probe = subprocess.run([cfg.python, "-c", PROBE], cwd=tmp, env=env, capture_output=True, text=True,
+                                   timeout=300)
+            if probe.returncode != 0:
+                return {"scores": {}, "aggregate": None, "not_run": {
+                    **not_run, "vbench": f"official VBench not run: {cfg.python} cannot import vbench: "
+                                         + " | ".join(probe.stderr.strip().splitlines()[-2:])}}
+            package_dir, long_configs = json.loads(probe.stdout)
+            if not long_configs:
+                for name in set(dimensions) & set(NEEDS_LONG_CONFIGS):
+                    not_run[name] = ("not run: the installed VBench lacks vbench2_beta_long/configs/ (the 0.1.5 "
+                                     "wheel ships without it): install VBench from its source (infra/vbench)")
+                dimensions = [d for d in dimensions if d not in NEEDS_LONG_CONFIGS]
+                if not dimensions:
+                    return {"scores": {}, "aggregate": None, "not_run": not_run}
+            cmd = command(cfg, staged, out, dimensions, package_dir, clip_lengths)
             proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=cfg.timeout_s)
         except subprocess.TimeoutExpired:
             return {"scores": {}, "aggregate": None,

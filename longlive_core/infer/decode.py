@@ -6,7 +6,8 @@ frames of the whole shot decoded at once (tested) and a new shot starts with a f
 shot was encoded on its own: MISSION.md). ``FrameStream`` takes each chunk as the DiT finishes it;
 asynchronously (the default) it decodes in a worker thread on its own CUDA stream while the DiT
 makes the next chunk, and writes in another, holding at most ``depth`` chunks in each queue, so
-memory does not grow with the video's length.
+memory does not grow with the video's length. The VAE may sit on another device than the DiT (a
+second GPU): each chunk's latents are copied there as they are handed over.
 """
 from __future__ import annotations
 
@@ -85,10 +86,13 @@ class FrameStream:
             self._write(self._decode(z, new_shot))
             return
         ready = None
-        if z.is_cuda:  # the decode stream waits for the DiT's work on z, and z is copied, not reused
+        if z.device != self.decoder.device:  # the VAE on its own GPU (or the CPU): the latents move there now,
+            z = z.to(self.decoder.device)  # a few MB, ordered after the DiT's work on them; the copy is z's own
+        elif z.is_cuda:  # the decode stream waits for the DiT's work on z, and z is copied, not reused
             z = z.clone()
+        if z.is_cuda:
             ready = torch.cuda.Event()
-            ready.record()
+            ready.record(torch.cuda.current_stream(z.device))
         self.latents.put((z, new_shot, ready))
 
     def close(self) -> None:

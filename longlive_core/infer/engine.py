@@ -44,6 +44,7 @@ class GenerateConfig:
     decode: str = "async"  # async: the VAE decodes chunk c while the DiT makes c + 1 | sync
     compile: bool = False  # torch.compile each block (the cached attention stays eager)
     device: str = "auto"
+    vae_device: str = ""  # empty: the DiT's device; cuda:1 (a second GPU decodes while the first denoises) | cpu
 
     def validate(self, where: str) -> None:
         for steps in self.step_lists:
@@ -61,6 +62,8 @@ class GenerateConfig:
             raise ConfigError(f"{where}.kv_four_over_six must be null, mse or mae; got {self.kv_four_over_six!r}")
         if self.decode not in ("async", "sync"):
             raise ConfigError(f"{where}.decode must be async or sync; got {self.decode!r}")
+        if self.vae_device and not (self.vae_device == "cpu" or self.vae_device.startswith("cuda")):
+            raise ConfigError(f"{where}.vae_device must be empty, cpu or cuda:N; got {self.vae_device!r}")
         if self.default_duration_s <= 0 or self.window < 1:
             raise ConfigError(f"{where}: default_duration_s must be > 0 and window >= 1")
         try:

@@ -2,6 +2,7 @@
 
     longlive generate --model models/w4a4 --prompts story.txt --out story.mp4 [--seed N] [--steps 4|2]
                       [--kv nvfp4|bf16] [--precision bf16|nvfp4|fp8] [--decode async|sync] [--sp P]
+                      [--vae-device cuda:1]
 
 Defaults come from ``params.yaml``'s ``generate`` section (``--params``); the text encoder, the VAE,
 the resolution, the frame rate, the chunk length and the shot offset from the model folder's
@@ -106,7 +107,7 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
         generate(model, plan, texts, cache, step_list, None, (int(latent["channels"]), int(latent["height"]),
                  int(latent["width"])), int(config["multi_shot"]["shot_rope_offset"]), cfg.seed, dtype, shard=shard)
         return None
-    decoder = ShotDecoder(vae_from(config["vae"]["path"], device))
+    decoder = ShotDecoder(vae_from(config["vae"]["path"], vae_device(cfg.vae_device, device)))
 
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -149,6 +150,7 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
                   for s in plan],
         "seed": cfg.seed, "steps": list(step_list), "model": str(model_dir), "model_format": config["format"],
         "recipe": recipe, "kv": cfg.kv, "decode": cfg.decode, "device": str(device), "sp": shard.size,
+        "vae_device": str(decoder.device),
         "window": cfg.window, "global_sink": cfg.global_sink, "shot_sink": cfg.shot_sink,
         "denoise_s": stats.denoise_s, "decode_s": stream.decode_s, "generate_s": elapsed,
         "wall_s": time.perf_counter() - wall,
@@ -164,6 +166,16 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
              out, stream.frames, sidecar["denoise_fps"] or 0.0, sidecar["end_to_end_fps"], stream.decode_s,
              sidecar["peak_memory_bytes"] / 2**30)
     return sidecar
+
+
+def vae_device(name: str, dit: torch.device) -> torch.device:
+    """The VAE's device: the DiT's when ``name`` is empty; a GPU asked for must exist."""
+    if not name:
+        return dit
+    device = torch.device(name)
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"generate.vae_device is {name} but this machine has {torch.cuda.device_count()} GPU(s)")
+    return device
 
 
 def config_from(params_path: str | None, overrides: dict) -> GenerateConfig:
@@ -193,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                     "path)")
     ap.add_argument("--decode", choices=("async", "sync"))
     ap.add_argument("--device", help="auto | cpu | cuda")
+    ap.add_argument("--vae-device", help="the VAE's device when not the DiT's: cuda:1 (a second GPU), cpu")
     ap.add_argument("--params", help="params file with a generate section (default: ./params.yaml if present)")
     ap.add_argument("--sp", type=int, default=1, help="sequence-parallel ranks (torchrun on this machine: one GPU "
                     "each, or CPU processes); the model's heads and the chunk's latent frames must split over them")
@@ -207,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         os.execvp(cmd[0], cmd)
     try:
         cfg = config_from(args.params, {"seed": args.seed, "kv": args.kv, "precision": args.precision,
-                                        "decode": args.decode, "device": args.device})
+                                        "decode": args.decode, "device": args.device, "vae_device": args.vae_device})
         with sequence_parallel(args.sp, cfg.device) as shard:
             generate_file(args.model, args.prompts, args.out, cfg, args.steps, shard=shard)
     except (ConfigError, PromptFileError, CheckpointError) as e:
