@@ -31,6 +31,9 @@ BASE = {"steps": 4, "generator_every": 2, "latent_frames": 4, "grad_frames": 2, 
         "checkpoint_every": 2, "device": "cpu"}
 
 
+EXACT = {"param_dtype": "float32", "recipe": "bf16"}  # float32 compute over unquantized bases: no rounding to blur
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("distill")
@@ -52,7 +55,8 @@ def one_rank(tmp_path_factory, inputs):
     tmp = tmp_path_factory.mktemp("one-rank")
     ckpt = str(tmp / "ckpt")
     runs = launch(tmp, inputs, [{"name": "first", "checkpoints": ckpt, "stop_after": 3},
-                                {"name": "second", "checkpoints": ckpt}, {"name": "straight"}])
+                                {"name": "second", "checkpoints": ckpt}, {"name": "straight"},
+                                {"name": "gradients", "gradients": True, "distill_dmd": EXACT}])
     return runs, ckpt
 
 
@@ -106,10 +110,29 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
 def test_two_ranks_distil_their_own_prompts_with_one_exit_step(tmp_path, inputs, one_rank):
     """Data parallel over 2 ranks (FSDP2 over gloo): every step's exit step comes from rank 0, the
     losses are the mean of the ranks' (each rank draws its own prompt, so they differ from one rank's),
-    and a resumed 2-rank run continues exactly."""
+    and a resumed 2-rank run continues exactly. Balanced SP over the same 2 ranks (sp 2: one prompt,
+    each chunk's frames split for the rollouts, the video's temporal halves for the scores) distils
+    what one rank distils."""
     ckpt = str(tmp_path / "ckpt")
     two = launch(tmp_path / "two", inputs, [{"name": "first", "checkpoints": ckpt, "stop_after": 3},
-                                            {"name": "second", "checkpoints": ckpt}], nproc=2)
+                                            {"name": "second", "checkpoints": ckpt},
+                                            {"name": "sp", "distill_dmd": {"sp": 2}},
+                                            {"name": "sp-gradients", "distill_dmd": {**EXACT, "sp": 2},
+                                             "gradients": True}],
+                 nproc=2)
+    for role in ("generator", "critic"):  # the first step's gradients, in float32, before any update
+        sp = load_file(two["sp-gradients"]["out"] / "gradients.safetensors")[role]
+        one = load_file(one_rank[0]["gradients"]["out"] / "gradients.safetensors")[role]
+        cosine = float(torch.nn.functional.cosine_similarity(sp, one, dim=0))
+        assert cosine > 0.9999 and float(sp.norm() / one.norm()) == pytest.approx(1.0, rel=1e-3), (role, cosine)
+    solo_run = one_rank[0]["straight"]["summary"]["logged"]
+    for sp, one in zip(two["sp"]["summary"]["logged"], solo_run, strict=True):
+        assert sp["exit_index"] == one["exit_index"] and math.isfinite(sp["critic_loss"])
+        if sp["step"] > 2:  # Adam's first updates are about lr x the gradients' signs: the rounding of
+            continue        # other GEMM shapes (bf16 compute, NVFP4 bases) flips some, and the runs part
+        for key in ("critic_loss", "dmd_loss", "dmd_grad_mean_abs"):
+            if key in one:
+                assert sp[key] == pytest.approx(one[key], rel=2e-3), (sp["step"], key, sp[key], one[key])
     first, second = two["first"]["summary"], two["second"]["summary"]
     assert second["start_step"] == 2 and second["logged"][0]["critic_loss"] == first["logged"][2]["critic_loss"]
     solo = one_rank[0]["straight"]["summary"]["logged"]

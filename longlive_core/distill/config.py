@@ -46,6 +46,7 @@ class DistillDMDConfig:
     memory_comparison: bool = False  # after the run: one iteration's peak GPU memory against BF16 full weights
     nnodes: int = 1
     nproc: int = 1
+    sp: int = 1  # Balanced sequence parallelism: ranks (of one node) that distil one prompt together
     sharding: str = "full"  # full | hybrid (across nodes)
     device: str = "auto"
     checkpoint_every: int = 100
@@ -77,6 +78,9 @@ class DistillDMDConfig:
                               f"got {self.activation_checkpointing!r}")
         if self.sharding not in ("full", "hybrid") or (self.sharding == "hybrid" and self.nnodes < 2):
             raise ConfigError(f"{where}.sharding must be full, or hybrid with nnodes >= 2")
+        if self.sp < 1 or self.nproc % self.sp:
+            raise ConfigError(f"{where}.sp ({self.sp}) must divide nproc ({self.nproc}): a prompt's ranks are on one "
+                              "node")
         if self.stats_every < 0 or self.stats_samples < 0:
             raise ConfigError(f"{where}: stats_every and stats_samples must be >= 0")
         self.lora.validate(f"{where}.lora")
@@ -84,11 +88,15 @@ class DistillDMDConfig:
         self.critic_optimizer.validate(f"{where}.critic_optimizer")
 
     def check_chunk(self, chunk_frames: int) -> None:
-        """Refuses frame counts that are not whole chunks of the AR model's ``chunk_frames``."""
+        """Refuses frame counts that are not whole chunks of the AR model's ``chunk_frames``, and
+        chunks or windows that do not split over ``sp`` ranks."""
         for key in ("latent_frames", "grad_frames"):
             if getattr(self, key) % chunk_frames:
                 raise ConfigError(f"distill_dmd.{key} ({getattr(self, key)}) must be a whole number of the AR "
                                   f"model's {chunk_frames}-frame chunks")
+        if chunk_frames % self.sp or self.latent_frames % (self.sp * chunk_frames):
+            raise ConfigError(f"distill_dmd.sp ({self.sp}) must divide the {chunk_frames}-frame chunks (the rollouts "
+                              f"split each one) and latent_frames ({self.latent_frames}) must be whole chunks per rank")
 
     def rollout(self, chunk_frames: int) -> RolloutConfig:
         return RolloutConfig(chunk_frames, tuple(self.denoising_steps), self.window)
@@ -96,6 +104,11 @@ class DistillDMDConfig:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc
+
+    @property
+    def dp_size(self) -> int:
+        """Groups of ``sp`` ranks that each distil their own prompts."""
+        return self.world_size // self.sp
 
     def resume_params(self) -> dict:
         d = dataclasses.asdict(self)

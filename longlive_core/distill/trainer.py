@@ -39,6 +39,7 @@ from longlive_core.distill.dmd import (
 )
 from longlive_core.distill.roles import FullRoles, LoRARoles
 from longlive_core.infer.rollout import RolloutConfig, rollout
+from longlive_core.infer.sequence_parallel import gather_video, rank_frames
 from longlive_core.latents.files import EMPTY_PROMPT
 from longlive_core.models.checkpoint import load_dit, read_model_config
 from longlive_core.models.config import dit_config
@@ -48,7 +49,13 @@ from longlive_core.train.checkpointing import CheckpointStore, agree
 from longlive_core.train.data import LatentSamples, TrainSample, generator_for
 from longlive_core.train.flow import FlowMatching
 from longlive_core.train.forward import layout_of, teacher_forcing_velocity
-from longlive_core.train.parallelize import apply_activation_checkpointing, apply_fsdp, device_mesh
+from longlive_core.train.parallelize import (
+    apply_activation_checkpointing,
+    apply_fsdp,
+    apply_sequence_parallel,
+    device_mesh,
+    sequence_groups,
+)
 from longlive_core.train.trainer import MetricsSink, peak_memory_mb, sum_over_ranks
 
 log = logging.getLogger(__name__)
@@ -112,6 +119,9 @@ class DMDTrainer:
         ar = read_model_config(inputs.ar_model, "train_ar")
         self.chunk = int(ar["latent"]["chunk_frames"])
         cfg.check_chunk(self.chunk)
+        heads = dit_config(ar["dit"]["name"]).num_heads
+        if heads % cfg.sp:
+            raise ConfigError(f"distill_dmd.sp ({cfg.sp}) must divide the AR model's {heads} attention heads")
         self.rollout_cfg: RolloutConfig = cfg.rollout(self.chunk)
         shot_offset = int(ar["multi_shot"]["shot_rope_offset"])
         # every window exactly latent_frames long: each rank then runs as many forwards per step (FSDP's
@@ -134,8 +144,11 @@ class DMDTrainer:
             self.roles = (FullRoles(base) if full_weights else
                           LoRARoles(base, cfg.lora, cfg.recipe, tuple(precision["skip"]),
                                     precision["keep_last_blocks"]))
+        self.shard, _ = sequence_groups(cfg, self.device.type)
+        self.slot = self.rank // cfg.sp  # the SP group's: its ranks distil one prompt together
         mesh = device_mesh(cfg, self.device.type)
         for module in self.roles.modules:
+            apply_sequence_parallel(module, self.shard)
             apply_activation_checkpointing(module, cfg.activation_checkpointing)
             module.to(self.device)
             apply_fsdp(module, mesh, self.dtype)
@@ -169,14 +182,23 @@ class DMDTrainer:
     def generate(self, model: WanDiT, prompt: Prompt, key: tuple, exit_index: int | None = None,
                  grad: bool = False, cfg: RolloutConfig | None = None) -> torch.Tensor:
         """The rollout for ``prompt``, each chunk reading its own shot's caption; with ``grad``, the
-        exit step of the last ``grad_frames`` frames carries the gradient."""
+        exit step of the last ``grad_frames`` frames carries the gradient. Under sequence parallelism
+        this rank's frames of every chunk (``video`` joins them)."""
         s, cfg = prompt.sample, cfg or self.rollout_cfg
         frames = s.latents.shape[1]
         n = frames // self.chunk
         texts = [s.text[int(s.shot_of_frame[c * self.chunk])][None].to(self.device, self.dtype) for c in range(n)]
         grad_from = max(0, n - self.cfg.grad_frames // self.chunk) if grad else None
         return rollout(model, prompt.noise.to(self.device), texts, cfg, generator_for(self.cfg.seed, "rollout", *key),
-                       s.positions.to(self.device), exit_index, grad_from, self.dtype)
+                       s.positions.to(self.device), exit_index, grad_from, self.dtype, self.shard)
+
+    def video(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole generated video from every SP rank's frames of it (detached)."""
+        return gather_video(x, self.shard, self.chunk).detach()
+
+    def _slice(self, s: TrainSample) -> tuple[int, int]:
+        """This rank's frames [lo, hi) of the teacher-forcing layout (whole chunks)."""
+        return layout_of(self.roles.modules[0], s, self.chunk, self.shard.size).frame_range(self.shard.rank)
 
     def _noised(self, x: torch.Tensor, key: tuple, u: float | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -192,50 +214,61 @@ class DMDTrainer:
 
     def _velocity(self, model: WanDiT, x: torch.Tensor, x_t: torch.Tensor, sigma: torch.Tensor, s: TrainSample,
                   text: torch.Tensor | None = None) -> torch.Tensor:
-        """A score's velocity for every frame of x_t in the teacher-forcing layout, the generated x as the
-        clean context; ``text`` (1, T, D) replaces the captions (the empty prompt)."""
-        layout = layout_of(model, s, self.chunk)
-        return teacher_forcing_velocity(model, layout, x, x_t, sigma.expand(1, layout.chunks),
-                                        s.text if text is None else text, s.shot_of_frame, s.positions, self.dtype)
+        """A score's velocity for this rank's frames (all of them on one rank) of x_t in the
+        teacher-forcing layout, the generated x (whole video) as the clean context; ``text`` (1, T, D)
+        replaces the captions (the empty prompt)."""
+        layout = layout_of(model, s, self.chunk, self.shard.size)
+        lo, hi = layout.frame_range(self.shard.rank)
+        return teacher_forcing_velocity(model, layout, x[:, :, lo:hi], x_t[:, :, lo:hi],
+                                        sigma.expand(1, (hi - lo) // self.chunk), s.text if text is None else text,
+                                        s.shot_of_frame[lo:hi], s.positions[lo:hi], self.dtype)
 
     def _x0(self, model: WanDiT, x: torch.Tensor, x_t: torch.Tensor, sigma: torch.Tensor, s: TrainSample,
             text: torch.Tensor | None = None) -> torch.Tensor:
-        return x_t - sigma[..., None, None, None] * self._velocity(model, x, x_t, sigma, s, text)
+        """The x0 a score predicts for this rank's frames of the layout."""
+        lo, hi = self._slice(s)
+        return x_t[:, :, lo:hi] - sigma[..., None, None, None] * self._velocity(model, x, x_t, sigma, s, text)
 
     # ------------------------------------------------------------------ steps
     def critic_pass(self, prompt: Prompt, key: tuple, exit_index: int) -> torch.Tensor:
         """The critic's flow loss on a fresh, detached rollout."""
         with self._phase("critic/rollout"), self.roles.generator() as generator, torch.no_grad():
-            x = self.generate(generator, prompt, ("critic", *key), exit_index)
+            x = self.video(self.generate(generator, prompt, ("critic", *key), exit_index))
         with self._phase("critic/fake_score"):
             return self._flow_loss(prompt, x, ("critic", *key))
 
     def _flow_loss(self, prompt: Prompt, x: torch.Tensor, key: tuple, u: float | None = None, role: str = "fake"
                    ) -> torch.Tensor:
-        """A score's flow-matching loss on the generated (detached) x: the fake score's (the critic's),
-        or the real one's."""
+        """A score's flow-matching loss on the generated (detached, whole) x: the fake score's (the
+        critic's), or the real one's; over this rank's frames under sequence parallelism."""
         x_t, noise, sigma = self._noised(x, key, u)
         with getattr(self.roles, role)() as model:
             v = self._velocity(model, x, x_t, sigma, prompt.sample)
-        return critic_loss(v, x, noise)
+        lo, hi = self._slice(prompt.sample)
+        return critic_loss(v, x[:, :, lo:hi], noise[:, :, lo:hi])
 
     def generator_pass(self, prompt: Prompt, key: tuple, exit_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The DMD loss of a rollout with gradient, and the mean |DMD gradient| (after normalisation)."""
         cfg, s = self.cfg, prompt.sample
         with self._phase("generator/rollout"), self.roles.generator() as generator:
-            x = self.generate(generator, prompt, ("generator", *key), exit_index, grad=True)
-        x_t, _, sigma = self._noised(x.detach(), ("generator", *key))
+            mine = self.generate(generator, prompt, ("generator", *key), exit_index, grad=True)
+        x = self.video(mine)
+        x_t, _, sigma = self._noised(x, ("generator", *key))
+        lo, hi = self._slice(s)
         with torch.no_grad():
             with self._phase("generator/fake_score"), self.roles.fake() as fake:
-                fake_x0 = self._x0(fake, x.detach(), x_t, sigma, s)
+                fake_x0 = self._x0(fake, x, x_t, sigma, s)
                 if cfg.fake_guidance:
-                    fake_x0 = guided(fake_x0, self._x0(fake, x.detach(), x_t, sigma, s, self.empty_text),
-                                     cfg.fake_guidance)
+                    fake_x0 = guided(fake_x0, self._x0(fake, x, x_t, sigma, s, self.empty_text), cfg.fake_guidance)
             with self._phase("generator/real_score"), self.roles.real() as real:
-                cond = self._x0(real, x.detach(), x_t, sigma, s)
-                uncond = self._x0(real, x.detach(), x_t, sigma, s, self.empty_text)
-            grad = dmd_gradient(x.detach(), fake_x0, guided(cond, uncond, cfg.real_guidance), self.chunk)
-        return generator_loss(x, grad), grad.abs().mean()
+                cond = self._x0(real, x, x_t, sigma, s)
+                uncond = self._x0(real, x, x_t, sigma, s, self.empty_text)
+            grad = dmd_gradient(x[:, :, lo:hi], fake_x0, guided(cond, uncond, cfg.real_guidance), self.chunk)
+            if self.shard.size > 1:  # the slices' gradients, whole, then this rank's rollout frames of them
+                parts = [torch.empty_like(grad) for _ in range(self.shard.size)]
+                dist.all_gather(parts, grad.contiguous(), group=self.shard.group)
+                grad = torch.cat(parts, dim=2)
+        return generator_loss(mine, rank_frames(grad, self.shard, self.chunk)), grad.abs().mean()
 
     def _optimizer_step(self, role: str, loss: torch.Tensor, params: list, optimizer: torch.optim.Optimizer,
                         grad_clip: float) -> tuple[float, float, bool]:
@@ -256,7 +289,7 @@ class DMDTrainer:
 
     def train_step(self, step: int) -> dict[str, float]:
         cfg = self.cfg
-        key = (step, self.rank)  # one prompt slot per rank
+        key = (step, self.slot)  # one prompt slot per SP group (per rank without SP)
         prompt = self._prompt(self.prompts, ("prompt", *key))
         exit_index = self._exit_index(step)
         metrics: dict[str, float] = {"exit_index": exit_index}
@@ -276,6 +309,14 @@ class DMDTrainer:
         metrics["skipped"] = skipped + (not ok)
         return metrics
 
+    def _sample_mean(self, loss: torch.Tensor) -> float:
+        """A loss over this rank's frames -> the sample's (the mean over its SP group's equal slices)."""
+        if self.shard.size == 1:
+            return float(loss)
+        total = loss.detach().reshape(1).double()
+        dist.all_reduce(total, group=self.shard.group)
+        return float(total) / self.shard.size
+
     @torch.no_grad()
     def latent_stats(self) -> dict[str, float]:
         """On fixed val prompts: mean and std of a few generated samples (the full few-step rollout)
@@ -290,13 +331,14 @@ class DMDTrainer:
         for i in range(cfg.stats_samples):
             prompt = self._prompt(data, ("stats", i), data.sample_ids[i % len(data)])
             with self.roles.generator() as generator:
-                x = self.generate(generator, prompt, ("stats", i))
+                x = self.video(self.generate(generator, prompt, ("stats", i)))
             for role, losses in (("fake", critic), ("real", teacher_fit)):
-                losses += [float(self._flow_loss(prompt, x, ("critic-eval", i, j), u, role))
+                losses += [self._sample_mean(self._flow_loss(prompt, x, ("critic-eval", i, j), u, role))
                            for j, u in enumerate(EVAL_QUANTILES)]
             made["generated"].append(x.float().cpu())
             with self.roles.real() as real:
-                made["teacher"].append(self.generate(real, prompt, ("stats-teacher", i), cfg=teacher).float().cpu())
+                made["teacher"].append(self.video(self.generate(real, prompt, ("stats-teacher", i), cfg=teacher))
+                                       .float().cpu())
             made["data"].append(prompt.sample.latents)
         out = {"critic_eval_loss": sum(critic) / len(critic), "teacher_eval_loss": sum(teacher_fit) / len(teacher_fit)}
         out["critic_eval_ratio"] = out["critic_eval_loss"] / max(out["teacher_eval_loss"], 1e-12)

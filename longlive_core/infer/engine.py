@@ -21,8 +21,9 @@ from longlive_core.infer.kv_cache import KVCache, SinkConfig
 from longlive_core.infer.kv_quant import KVQuantConfig
 from longlive_core.infer.prompts import ShotPlan
 from longlive_core.infer.rollout import RolloutConfig, denoise_chunk, write_chunk
+from longlive_core.infer.sequence_parallel import ShardedCache, chunk_part, gather_frames
 from longlive_core.models.wan_dit import WanDiT
-from longlive_core.train.sequence_parallel import WHOLE, SequenceShard, UlyssesAttention
+from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
 
 KV_FORMATS = ("bf16", "nvfp4")
 PRECISIONS = ("auto", "bf16", "nvfp4", "fp8")
@@ -134,35 +135,6 @@ class DiTTimer:
         return sum(a.elapsed_time(b) for a, b in self.pairs) / 1000.0
 
 
-class _ShardedLayer(UlyssesAttention):
-    @torch.compiler.disable  # the exchange and the cache stay out of a compiled block's graph
-    def __call__(self, q, k, v, mask_mod):
-        return super().__call__(q, k, v, mask_mod)
-
-
-class ShardedCache:
-    """The KV cache under sequence parallelism (Ulysses over the chunk's tokens): every block's q, k
-    and v cross in an all-to-all, so this rank attends, and caches, every token of the chunk for its
-    H/P heads; the cache is a P-th of one process's."""
-
-    def __init__(self, cache: KVCache, shard: SequenceShard):
-        self.cache, self.shard = cache, shard
-
-    def for_layer(self, index: int) -> _ShardedLayer:
-        return _ShardedLayer(self.shard, self.cache.for_layer(index))
-
-
-def gather_frames(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
-    """Every rank's frames (dim 2) of a chunk, in rank order, on every rank."""
-    if shard.size == 1:
-        return x
-    import torch.distributed as dist
-
-    parts = [torch.empty_like(x) for _ in range(shard.size)]
-    dist.all_gather(parts, x.contiguous(), group=shard.group)
-    return torch.cat(parts, dim=2)
-
-
 @torch.no_grad()
 def generate(model: WanDiT, plan: list[ShotPlan], texts: list[torch.Tensor], cache: KVCache, steps: tuple[int, ...],
              stream: FrameStream | None, latent_shape: tuple[int, int, int], shot_offset: int, seed: int,
@@ -174,9 +146,10 @@ def generate(model: WanDiT, plan: list[ShotPlan], texts: list[torch.Tensor], cac
     device = next(model.parameters()).device
     channels, h, w = latent_shape
     chunk = plan[0].chunk_frames
-    if chunk % shard.size:
-        raise ConfigError(f"{chunk}-frame chunks do not split over {shard.size} sequence-parallel ranks")
-    lo, hi = shard.rank * chunk // shard.size, (shard.rank + 1) * chunk // shard.size
+    try:
+        lo, hi = chunk_part(chunk, shard)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     generator = torch.Generator(device).manual_seed(seed)
     stats, timer = EngineStats(), DiTTimer(device)
     total = sum(sum(shot.chunks) for shot in plan)

@@ -17,7 +17,9 @@ from collections.abc import Sequence
 import torch
 
 from longlive_core.infer.kv_cache import KVCache
+from longlive_core.infer.sequence_parallel import ShardedCache, chunk_part
 from longlive_core.models.wan_dit import WanDiT
+from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +63,15 @@ def denoise_chunk(model: WanDiT, x: torch.Tensor, text: torch.Tensor, positions:
 
 def rollout(model: WanDiT, noise: torch.Tensor, text: torch.Tensor | Sequence[torch.Tensor], cfg: RolloutConfig,
             generator: torch.Generator | None = None, positions: torch.Tensor | None = None,
-            exit_index: int | None = None, grad_from_chunk: int | None = None, dtype: torch.dtype | None = None
-            ) -> torch.Tensor:
+            exit_index: int | None = None, grad_from_chunk: int | None = None, dtype: torch.dtype | None = None,
+            shard: SequenceShard = WHOLE) -> torch.Tensor:
     """noise (B, C, F, h, w), F a whole number of chunks -> the generated latents, chunk after chunk.
     ``text``: (B, T, D) for every chunk, or one such tensor per chunk (a multi-shot video's chunks
     read their own shot's caption); ``positions`` (F,) RoPE frame positions (default 0..F-1, shot
     offsets are the caller's). Self-forcing: every chunk exits at step ``exit_index``, and the chunks
-    from ``grad_from_chunk`` on carry the gradient of that step (None: no gradient anywhere)."""
+    from ``grad_from_chunk`` on carry the gradient of that step (None: no gradient anywhere). Under
+    sequence parallelism (``shard``, every rank given the same noise and generator) the result is
+    this rank's frames of every chunk (``infer.sequence_parallel.gather_video`` joins them)."""
     _, _, frames, h, w = noise.shape
     if frames % cfg.chunk_frames:
         raise ValueError(f"{frames} latent frames are not a whole number of {cfg.chunk_frames}-frame chunks")
@@ -79,17 +83,18 @@ def rollout(model: WanDiT, noise: torch.Tensor, text: torch.Tensor | Sequence[to
         positions = torch.arange(frames, device=noise.device)
     _, ph, pw = model.cfg.patch_size
     cache = KVCache(len(model.blocks), (h // ph) * (w // pw), cfg.window)
-    saved, model.attention_fn = model.attention_fn, cache
+    lo, hi = chunk_part(cfg.chunk_frames, shard)
+    saved, model.attention_fn = model.attention_fn, (cache if shard.size == 1 else ShardedCache(cache, shard))
     chunks = []
     try:
         for c in range(n):
-            part = slice(c * cfg.chunk_frames, (c + 1) * cfg.chunk_frames)
+            part = slice(c * cfg.chunk_frames + lo, c * cfg.chunk_frames + hi)
             grad = grad_from_chunk is not None and c >= grad_from_chunk
             x0 = denoise_chunk(model, noise[:, :, part], texts[c], positions[part], cfg.steps, generator,
-                               exit_index, grad, dtype)
+                               exit_index, grad, dtype, part=(lo, hi, cfg.chunk_frames))
             chunks.append(x0)
             if c + 1 < n:
-                write_chunk(model, cache, x0, texts[c], positions[part], dtype)
+                write_chunk(model, cache, x0, texts[c], positions[part], dtype, frames=cfg.chunk_frames)
     finally:
         model.attention_fn = saved
     return torch.cat(chunks, dim=2)

@@ -3,7 +3,7 @@
     torchrun --nproc_per_node=N -m tests.helpers.distill_worker SPEC.json OUT_DIR
 
 SPEC.json holds {"runs": [{"name", "distill_dmd": {...}, "ar_model", "latents", "checkpoints",
-"stop_after", "full_weights", "generated"}, ...]}, run in order. Rank 0 writes OUT_DIR/<name>/summary.json
+"stop_after", "full_weights", "generated", "gradients"}, ...]}, run in order. Rank 0 writes OUT_DIR/<name>/summary.json
 (with every metric logged) and the generator's adapter as peft saves one (OUT_DIR/<name>/adapter/);
 a "generated" run also writes the generator's rollout of the first stats prompt (generated.safetensors).
 """
@@ -22,10 +22,32 @@ from longlive_core.distill.trainer import DistillInputs, DMDTrainer
 from tests.helpers.worker import main_over_runs
 
 
+def gradients(trainer: DMDTrainer, out: Path) -> None:
+    """The first step's generator and critic gradients (the world's mean, whole), before any update."""
+    prompt = trainer._prompt(trainer.prompts, ("prompt", 0, trainer.slot))
+    key = (0, trainer.slot)
+    loss, _ = trainer.generator_pass(prompt, key, 1)
+    with trainer.roles.generator():
+        loss.backward()
+    trainer.critic_pass(prompt, key, 1).backward()
+    grads = {}
+    for role, params in (("generator", trainer.roles.generator_params()), ("critic", trainer.roles.critic_params())):
+        flat = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                for p in params if p.grad is not None]
+        grads[role] = torch.cat([g.float().flatten() for g in flat])
+    if dist.get_rank() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(grads, str(out / "gradients.safetensors"))
+        (out / "summary.json").write_text("{}")
+
+
 def run_one(spec: dict, out: Path) -> None:
     cfg = from_mapping(DistillDMDConfig, spec["distill_dmd"], "distill_dmd")
     trainer = DMDTrainer(cfg, DistillInputs(Path(spec["ar_model"]), Path(spec["latents"]), Path(spec["checkpoints"]),
                                             spec.get("digest", "d")), full_weights=spec.get("full_weights", False))
+    if spec.get("gradients"):
+        gradients(trainer, out)
+        return
     rank0 = dist.get_rank() == 0
     logged: list[dict] = []
     summary = trainer.run(sink=lambda metrics, step: logged.append({"step": step, **metrics}),
