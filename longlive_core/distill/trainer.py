@@ -39,7 +39,7 @@ from longlive_core.distill.dmd import (
 )
 from longlive_core.distill.roles import FullRoles, LoRARoles
 from longlive_core.infer.rollout import RolloutConfig, rollout
-from longlive_core.infer.sequence_parallel import gather_video, rank_frames
+from longlive_core.infer.sequence_parallel import gather_frames, gather_video, rank_frames
 from longlive_core.latents.files import EMPTY_PROMPT
 from longlive_core.models.checkpoint import load_dit, read_model_config
 from longlive_core.models.config import dit_config
@@ -264,10 +264,7 @@ class DMDTrainer:
                 cond = self._x0(real, x, x_t, sigma, s)
                 uncond = self._x0(real, x, x_t, sigma, s, self.empty_text)
             grad = dmd_gradient(x[:, :, lo:hi], fake_x0, guided(cond, uncond, cfg.real_guidance), self.chunk)
-            if self.shard.size > 1:  # the slices' gradients, whole, then this rank's rollout frames of them
-                parts = [torch.empty_like(grad) for _ in range(self.shard.size)]
-                dist.all_gather(parts, grad.contiguous(), group=self.shard.group)
-                grad = torch.cat(parts, dim=2)
+            grad = gather_frames(grad, self.shard)  # the slices' gradients, whole; then this rank's rollout frames
         return generator_loss(mine, rank_frames(grad, self.shard, self.chunk)), grad.abs().mean()
 
     def _optimizer_step(self, role: str, loss: torch.Tensor, params: list, optimizer: torch.optim.Optimizer,

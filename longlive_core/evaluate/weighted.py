@@ -182,10 +182,10 @@ def build_metrics(paths: WeightPaths, device: torch.device) -> tuple[list[FrameM
         skipped["fvd"] = f"no weights or reference: {missing} null (give the local paths)"
     else:
         fvd = FVD(paths.i3d, paths.fvd_reference, device)
-    for name, path, arch, cls in (("imaging_quality", paths.musiq, musiq_architecture, ImagingQuality),
-                                  ("subject_consistency", paths.dino, dino_architecture, SubjectConsistency)):
+    for key, arch, cls in (("musiq", musiq_architecture, ImagingQuality), ("dino", dino_architecture,
+                                                                             SubjectConsistency)):
+        name, path = cls.name, getattr(paths, key)
         if path is None:
-            key = "musiq" if cls is ImagingQuality else "dino"
             skipped[name] = f"no weights: evaluate.weights.{key} is null (give the local checkpoint's path)"
             continue
         metrics.append(cls(load_weights(arch(), path, name), path, device))

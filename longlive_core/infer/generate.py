@@ -10,12 +10,13 @@ config.json, as training used them. Writes the mp4 (frames streamed in as they a
 file appears only when complete) and ``<out>.json`` beside it: frames, FPS of the denoise loop and
 end to end, peak memory, KV bytes per token, the recipe. The same seed gives the same frames.
 ``--sp P`` re-runs the command under torchrun on P ranks (GPUs, or CPU processes): sequence
-parallelism over each chunk's frames (``engine.ShardedCache``); rank 0 decodes and writes.
+parallelism over each chunk's frames (``infer/sequence_parallel.py``); rank 0 decodes and writes.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import resource
@@ -101,20 +102,19 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     embedded = encoder.encode([s.prompt for s in segments])
     del encoder  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
     texts = [embedded[i:i + 1] for i in range(len(segments))]
-    if shard.rank != 0:  # the DiT's share of every chunk; rank 0 decodes and writes
-        _, ph, pw = model.cfg.patch_size
-        cache = cfg.cache(model, (int(latent["height"]) // ph) * (int(latent["width"]) // pw), chunk)
-        generate(model, plan, texts, cache, step_list, None, (int(latent["channels"]), int(latent["height"]),
-                 int(latent["width"])), int(config["multi_shot"]["shot_rope_offset"]), cfg.seed, dtype, shard=shard)
-        return None
-    decoder = ShotDecoder(vae_from(config["vae"]["path"], vae_device(cfg.vae_device, device)))
-
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
     _, ph, pw = model.cfg.patch_size
     h, w = int(latent["height"]), int(latent["width"])
     cache = cfg.cache(model, (h // ph) * (w // pw), chunk)
+    run = functools.partial(generate, model, plan, texts, cache, step_list,
+                            latent_shape=(int(latent["channels"]), h, w), dtype=dtype, seed=cfg.seed,
+                            shot_offset=int(config["multi_shot"]["shot_rope_offset"]), shard=shard)
+    if shard.rank != 0:  # the DiT's share of every chunk; rank 0 decodes and writes
+        run(stream=None)
+        return None
+    decoder = ShotDecoder(vae_from(config["vae"]["path"], vae_device(cfg.vae_device, device)))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
     total_chunks = sum(sum(shot.chunks) for shot in plan)
     progress = Progress(log, "generate", total_chunks, unit="chunks")
     fps = Fraction(video["fps"]).limit_denominator(1001000)
@@ -131,9 +131,7 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
 
         stream = FrameStream(decoder, write, asynchronous=cfg.decode == "async")
         try:
-            stats = generate(model, plan, texts, cache, step_list, stream, (int(latent["channels"]), h, w),
-                             int(config["multi_shot"]["shot_rope_offset"]), cfg.seed, dtype,
-                             on_chunk=lambda _: progress.advance(), shard=shard)
+            stats = run(stream=stream, on_chunk=lambda _: progress.advance())
         finally:
             stream.close()
     elapsed = time.perf_counter() - start

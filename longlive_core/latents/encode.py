@@ -18,6 +18,7 @@ to. A shard is recorded in the index only once it is written.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import re
@@ -323,17 +324,24 @@ def worker_models(cfg: EncodeLatentsConfig, device: torch.device, rank: int = 0)
     return _WORKER_MODELS[1], _WORKER_MODELS[2]
 
 
-def encode_task(task: SampleTask) -> Encoded:
-    """An executor's item: one sample, on this worker's device."""
+@dataclasses.dataclass(frozen=True)
+class EmptyPromptTask:
+    """The executor's first item: the empty caption's embedding (for guidance), made by a worker so
+    the stage's own process never loads the text encoder."""
+    cfg: EncodeLatentsConfig
+
+
+def empty_embedding(text, cfg: EncodeLatentsConfig) -> torch.Tensor:
+    return text.encode([""])[0].to(getattr(torch, cfg.store_dtype)).contiguous().cpu()
+
+
+def encode_task(task: SampleTask | EmptyPromptTask) -> Encoded | torch.Tensor:
+    """An executor's item, on this worker's device: one sample, or the empty caption."""
     device = pick_device(task.cfg.device, "encode_latents.device", worker_slot())
     vae, text = worker_models(task.cfg, device)
+    if isinstance(task, EmptyPromptTask):
+        return empty_embedding(text, task.cfg)
     return encode_sample(task, vae, text, Comm(device=device), device)
-
-
-def empty_prompt_task(cfg: EncodeLatentsConfig) -> torch.Tensor:
-    device = pick_device(cfg.device, "encode_latents.device", worker_slot())
-    _, text = worker_models(cfg, device)
-    return text.encode([""])[0].to(getattr(torch, cfg.store_dtype)).contiguous().cpu()
 
 
 def key_device_type(cfg: EncodeLatentsConfig) -> str:
@@ -384,10 +392,14 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
             leftover.unlink()
     todo = picked[~picked["sample_id"].isin(done_ids)]
     tasks = sample_tasks(todo, shot_rows, clips_dir, cfg, halo, key, fingerprints)
+    empty = None
     if comm.world > 1:
         results = ((t, encode_sample(t, vae, text, comm, device)) for t in tasks)
+        if text is not None:
+            empty = empty_embedding(text, cfg)
     else:
-        results = (executor or InlineExecutor()).map_unordered(encode_task, tasks)
+        results = (executor or InlineExecutor()).map_unordered(encode_task, itertools.chain([EmptyPromptTask(cfg)],
+                                                                                            tasks))
     sink = ShardSink(shard_dir, int(cfg.shard_max_mb * 1024 * 1024)) if comm.rank == 0 else None
     new_rows: list[dict] = []
     failed: list[dict] = []
@@ -397,6 +409,11 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
     progress = Progress(log, "encode_latents", len(todo), "samples") if comm.rank == 0 else None
     start = time.perf_counter()
     for task, enc in results:
+        if isinstance(task, EmptyPromptTask):
+            if isinstance(enc, BaseException):
+                raise RuntimeError(f"embedding the empty prompt failed: {type(enc).__name__}: {enc}") from enc
+            empty = enc
+            continue
         if isinstance(enc, BaseException):  # the task itself died (e.g. its worker, more than dask.retries times)
             enc = Encoded({}, [], {}, f"{type(enc).__name__}: {enc}")
         if enc.reason is not None:
@@ -425,12 +442,6 @@ def encode_samples(samples: pd.DataFrame, shots: pd.DataFrame, clips_dir: Path, 
     # shards no index row points at: every sample in them was redone or dropped
     counts["shards_removed"] = remove_unreferenced(shard_dir, SHARD_NAME, set(index["shard"]))
     write_parquet(pd.DataFrame(failed, columns=["sample_id", "video_id", "reason"]), failed_path)
-    if text is not None:
-        empty = text.encode([""])[0].to(getattr(torch, cfg.store_dtype)).contiguous()
-    else:  # on a worker, so this process never loads the text encoder
-        [(_, empty)] = list((executor or InlineExecutor()).map_unordered(empty_prompt_task, [cfg]))
-        if isinstance(empty, BaseException):
-            raise RuntimeError(f"embedding the empty prompt failed: {type(empty).__name__}: {empty}") from empty
     with atomic_path(index_path.parent / EMPTY_PROMPT) as tmp:  # the unconditional text of guidance, once
         save_file({"text": empty}, os.fspath(tmp))
     counts["frames_per_s"] = round(counts["frames_encoded"] / max(elapsed, 1e-9), 3)
