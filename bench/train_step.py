@@ -1,10 +1,11 @@
 """One AR teacher-forcing training step at the real 5B block dimensions: tokens/s, MFU, peak memory.
 
     PYTHONPATH=. python bench/train_step.py [--blocks 8] [--frames 8 16 24 32] [--recipes bf16 nvfp4]
-                               [--ac none full] [--compile 0 1] [--steps 4]
+                               [--ac none full] [--compile 0 1] [--steps 4] [--attention rows flex]
 
 The whole step as `train_ar` runs it (``Trainer.train_step``): one sample's forward and backward
-through the [clean; noisy] teacher-forcing sequence (FlexAttention block mask, 8-frame chunks),
+through the [clean; noisy] teacher-forcing sequence (8-frame chunks; self-attention by the mask's
+dense rows, the default, or FlexAttention's block mask),
 gradient clipping, AdamW and the EMA, on one GPU under FSDP2 (world 1), bf16 compute with float32
 masters. Samples are 44x80 latents (704x1280 video: 880 tokens per latent frame) of one shot with
 a 512-token caption, so F latent frames are 2 x 880 x F tokens. ``--blocks`` of the 30 are built
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -30,6 +32,7 @@ from safetensors.torch import save_file
 
 from bench.gpu_setup import one_rank_group, random_dit_on_gpu
 from longlive_core.models import config as model_configs
+from longlive_core.models.attention import attend
 from longlive_core.train import trainer as trainer_module
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.flops import PEAK_BF16_TFLOPS
@@ -68,17 +71,18 @@ def profile_step(trainer: Trainer, path: Path) -> None:
     print(table[:6000], flush=True)
 
 
-def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, rows: list[dict]) -> None:
+def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attention: str, rows: list[dict]) -> None:
     cfg = TrainARConfig(model="bench", init="tiny", steps=10**6, grad_accum=1, chunk_frames=8,
                         max_latent_frames=max(args.frames), activation_checkpointing=ac, compile=compiled,
                         precision=dataclasses.replace(TrainARConfig().precision, recipe=recipe), device="cuda",
                         val_every=0, ema=dataclasses.replace(TrainARConfig().ema, start_step=0))
     trainer = Trainer(cfg, TrainInputs(cache, cache / "samples.parquet", cache / "ckpt", "bench"))
+    trainer.model.attention_fn = functools.partial(attend, backend=attention)
     for frames in args.frames:
         trainer.cfg = dataclasses.replace(cfg, max_latent_frames=frames)
         tokens = 2 * frames * H * W // 4
-        row = {"recipe": recipe, "ac": ac, "compile": compiled, "blocks": args.blocks, "frames": frames,
-               "tokens": tokens}
+        row = {"recipe": recipe, "ac": ac, "compile": compiled, "attention": attention, "blocks": args.blocks,
+               "frames": frames, "tokens": tokens}
         try:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -101,7 +105,8 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, rows: li
                 trainer.optimizer.zero_grad(set_to_none=True)
             row["fwd_bwd_ms"] = round(min(fwd_bwd) * 1000, 1)
             if args.profile:
-                profile_step(trainer, Path(args.out) / f"profile-{recipe}-{ac}-{int(compiled)}-{frames}.txt")
+                name = f"profile-{recipe}-{ac}-{int(compiled)}-{attention}-{frames}.txt"
+                profile_step(trainer, Path(args.out) / name)
             row.update({"step_ms": round(step_s * 1000, 1), "tokens_per_s": round(tokens / step_s),
                         "tflops": round(flops / step_s / 1e12, 1),
                         "mfu": round(flops / step_s / 1e12 / PEAK_BF16_TFLOPS["H200"], 4),
@@ -124,6 +129,7 @@ def main() -> None:
     ap.add_argument("--ac", nargs="+", default=["none", "full"])
     ap.add_argument("--compile", type=int, nargs="+", default=[0])
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--attention", nargs="+", default=["rows"], help="self-attention backends: rows, flex")
     ap.add_argument("--profile", action="store_true", help="also profile one step of each size")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -139,15 +145,17 @@ def main() -> None:
         for compiled in args.compile:
             for recipe in args.recipes:
                 for ac in args.ac:
-                    run_config(args, cache, recipe, ac, bool(compiled), rows)
+                    for attention in args.attention:
+                        run_config(args, cache, recipe, ac, bool(compiled), attention, rows)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "train_step.json").write_text(json.dumps(rows, indent=1))
-    print("recipe  ac    compile frames tokens  step_ms fwd_bwd  tok/s   TFLOP/s  MFU    peak GiB")
+    print("recipe  ac    compile attn frames tokens  step_ms fwd_bwd  tok/s   TFLOP/s  MFU    peak GiB")
     for r in rows:
+        head = f"{r['recipe']:7} {r['ac']:5} {r['compile']!s:7} {r['attention']:4} {r['frames']:6} {r['tokens']:6}"
         if "error" in r:
-            print(f"{r['recipe']:7} {r['ac']:5} {r['compile']!s:7} {r['frames']:6} {r['tokens']:6}  {r['error']}")
+            print(f"{head}  {r['error']}")
         else:
-            print(f"{r['recipe']:7} {r['ac']:5} {r['compile']!s:7} {r['frames']:6} {r['tokens']:6} {r['step_ms']:8} "
+            print(f"{head} {r['step_ms']:8} "
                   f"{r['fwd_bwd_ms']:7} {r['tokens_per_s']:7} {r['tflops']:8} {r['mfu']:.3f} {r['peak_gib']:8}")
     dist.destroy_process_group()
 

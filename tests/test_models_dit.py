@@ -136,6 +136,23 @@ def test_flex_and_sdpa_agree_on_the_same_mask_on_the_gpu():
         assert (flex - attend(q, k, v, mask_mod, backend="sdpa")).abs().max() < 1e-3
 
 
+@needs_cuda
+def test_teacher_forcing_rows_match_flex_on_the_gpu():
+    """The training default (the mask's dense rows on the fused SDPA kernels) against FlexAttention's
+    block mask, in bf16: output and gradients."""
+    from longlive_core.train.layout import TeacherForcingLayout
+
+    mask_mod = TeacherForcingLayout(8, 2, 128, text_tokens=4).self_mask()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 2048, 128, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
+    dout = torch.randn(1, 4, 2048, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    rows, flex = attend(q, k, v, mask_mod), attend(q, k, v, mask_mod, backend="flex")
+    grads = zip(torch.autograd.grad(rows, (q, k, v), dout), torch.autograd.grad(flex, (q, k, v), dout))
+    for a, b in [(rows, flex), *grads]:
+        assert float((a.float() - b.float()).norm() / b.float().norm()) < 1e-2
+
+
 def test_both_checkpoint_layouts_round_trip(tmp_path):
     ref = diffusers_tiny()
     ref.save_pretrained(tmp_path / "diffusers", max_shard_size="20KB")  # sharded, with an index

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from longlive_core.models.attention import dense_mask
+from longlive_core.models.attention import attend, dense_mask, with_dense_rows
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.flow import FlowMatching
@@ -32,6 +32,36 @@ def test_mask_allows_exactly_the_defined_pairs(frames, chunk, tpf):
     for q, kv in itertools.product(range(n), range(n)):
         assert bool(mask[q, kv]) == allowed(q // tpf, kv // tpf, frames, chunk), (q, kv)
     assert int(mask.sum()) == layout.attended_pairs()
+
+
+@pytest.mark.parametrize("frames,chunk,tpf,sp", [(2, 1, 1, 1), (4, 2, 3, 1), (6, 3, 1, 1), (8, 8, 2, 1), (8, 2, 2, 2),
+                                                 (8, 1, 1, 4), (12, 2, 3, 3), (12, 3, 2, 2)])
+def test_dense_rows_are_exactly_the_mask(frames, chunk, tpf, sp):
+    """The rectangles attention runs by cover the mask's allowed pairs, each once, in every SP order."""
+    mask_mod = TeacherForcingLayout(frames, chunk, tpf, text_tokens=4, sp=sp).self_mask()
+    n = 2 * frames * tpf
+    covered = torch.zeros(n, n, dtype=torch.long)
+    for q0, q1, ranges in mask_mod.dense_rows:
+        for a, b in ranges:
+            covered[q0:q1, a:b] += 1
+    assert torch.equal(covered, dense_mask(mask_mod, n, n, torch.device("cpu")).long())
+
+
+def test_attention_by_dense_rows_equals_the_masked_softmax_forward_and_backward():
+    layout = TeacherForcingLayout(6, 2, 3, text_tokens=4, sp=3)
+    mask_mod, n = layout.self_mask(), 2 * 6 * 3
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64)
+    by_rows = attend(q, k, v, mask_mod)  # the default wherever the mask has rows
+    masked = attend(q, k, v, mask_mod, backend="sdpa")
+    torch.testing.assert_close(by_rows, masked, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(by_rows, (q, k, v), dout), torch.autograd.grad(masked, (q, k, v), dout)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="cover 36 queries"):
+        attend(q[:, :, :30], k, v, mask_mod)
+    with pytest.raises(ValueError, match="tile the queries"):
+        with_dense_rows(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, ((0, 4, ((0, 4),)), (5, 8, ((0, 8),))))
 
 
 def test_layout_timesteps_and_positions():

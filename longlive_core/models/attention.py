@@ -2,8 +2,10 @@
 
 A mask is a FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` written with tensor ops, so the
 same function builds a FlexAttention block mask on CUDA and a dense boolean mask for SDPA on the
-CPU (where FlexAttention has no backward in torch 2.14). ``attend(q, k, v, mask_mod)`` takes
-(B, heads, L, head_dim) tensors and picks the backend from the device.
+CPU (where FlexAttention has no backward in torch 2.14). A mask that is a union of whole rectangles
+(the teacher-forcing layout's chunks) may also carry them as ``dense_rows``: then attention runs as
+one unmasked SDPA call per query range, the fused dense kernels doing only the attended pairs.
+``attend(q, k, v, mask_mod)`` takes (B, heads, L, head_dim) tensors and picks the backend.
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ import torch._dynamo
 import torch.nn.functional as F
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (q_start, q_end, ((kv_start, kv_end), ...)): the query rows [q_start, q_end) attend to every key of
+# the key ranges and to no other; a mask's rows tile its queries in order
+DenseRows = tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]
 
 
 def dense_mask(mask_mod: MaskMod, q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
@@ -68,6 +73,29 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: Mas
         return _compiled_flex()(q, k, v, block_mask=block_mask)
 
 
+def with_dense_rows(mask_mod: MaskMod, rows: DenseRows) -> MaskMod:
+    """``mask_mod`` carrying the same mask as dense rectangles (``attend`` then runs it by rows)."""
+    start = 0
+    for q0, q1, ranges in rows:
+        if q0 != start or q1 <= q0 or not ranges or any(b <= a for a, b in ranges):
+            raise ValueError(f"dense rows must tile the queries in order with non-empty key ranges; got {rows}")
+        start = q1
+    mask_mod.dense_rows = rows
+    return mask_mod
+
+
+def _keys(x: torch.Tensor, ranges: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    parts = [x[:, :, a:b] for a, b in ranges]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
+def rows_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: DenseRows) -> torch.Tensor:
+    if rows[-1][1] != q.shape[2]:
+        raise ValueError(f"the mask's dense rows cover {rows[-1][1]} queries; attention got {q.shape[2]}")
+    return torch.cat([F.scaled_dot_product_attention(q[:, :, q0:q1], _keys(k, ranges), _keys(v, ranges))
+                      for q0, q1, ranges in rows], dim=2)
+
+
 def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
     mask = None if mask_mod is None else dense_mask(mask_mod, q.shape[2], k.shape[2], q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -75,10 +103,16 @@ def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: Mas
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None = None,
            backend: str | None = None) -> torch.Tensor:
-    """Attention of (B, heads, L, head_dim) tensors; ``backend`` "flex" (CUDA default) or "sdpa"."""
-    backend = backend or ("flex" if q.is_cuda else "sdpa")
+    """Attention of (B, heads, L, head_dim) tensors; ``backend`` "rows" (the default where the mask has
+    dense rows), "flex" (the CUDA default otherwise) or "sdpa" (a dense boolean mask)."""
+    rows = getattr(mask_mod, "dense_rows", None)
+    backend = backend or ("rows" if rows is not None else "flex" if q.is_cuda else "sdpa")
+    if backend == "rows":
+        if rows is None:
+            raise ValueError("attention backend 'rows' needs a mask_mod with dense rows (with_dense_rows)")
+        return rows_attend(q, k, v, rows)
     if backend == "flex":
         return flex_attend(q, k, v, mask_mod)
     if backend == "sdpa":
         return sdpa_attend(q, k, v, mask_mod)
-    raise ValueError(f"attention backend must be 'flex' or 'sdpa'; got {backend!r}")
+    raise ValueError(f"attention backend must be 'rows', 'flex' or 'sdpa'; got {backend!r}")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from longlive_core.models.attention import MaskMod
+from longlive_core.models.attention import DenseRows, MaskMod, with_dense_rows
 
 # token index -> (chunk index within the sample, is-noisy), as tensors; the order of tokens in the sequence
 Roles = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -58,9 +58,33 @@ def per_frame_text_mask(text_segment: torch.Tensor, tokens_per_frame: int, text_
     return mask_mod
 
 
+def teacher_forcing_rows(frames: int, chunk: int, tokens_per_frame: int, sp: int = 1) -> DenseRows:
+    """``teacher_forcing_mask(balanced_roles(...))`` as dense rectangles: each chunk's clean and noisy
+    queries with their key ranges, in ``balanced_roles``' token order."""
+    local, n = frames // sp, chunk * tokens_per_frame
+    per_rank, local_chunks = 2 * local * tokens_per_frame, local // chunk
+
+    def start(c: int, noisy: bool) -> int:
+        return c // local_chunks * per_rank + noisy * local * tokens_per_frame + c % local_chunks * n
+
+    def merged(chunks: list[tuple[int, bool]]) -> tuple[tuple[int, int], ...]:
+        ranges: list[list[int]] = []
+        for a in sorted(start(c, noisy) for c, noisy in chunks):
+            if ranges and ranges[-1][1] == a:
+                ranges[-1][1] = a + n
+            else:
+                ranges.append([a, a + n])
+        return tuple((a, b) for a, b in ranges)
+
+    rows = [(start(c, False), merged([(j, False) for j in range(c + 1)])) for c in range(frames // chunk)]
+    rows += [(start(c, True), merged([(j, False) for j in range(c)] + [(c, True)])) for c in range(frames // chunk)]
+    return tuple((q0, q0 + n, ranges) for q0, ranges in sorted(rows))
+
+
 @functools.lru_cache(maxsize=64)
 def _self_mask(frames: int, chunk: int, tokens_per_frame: int, sp: int) -> MaskMod:
-    return teacher_forcing_mask(balanced_roles(frames, chunk, tokens_per_frame, sp))
+    return with_dense_rows(teacher_forcing_mask(balanced_roles(frames, chunk, tokens_per_frame, sp)),
+                           teacher_forcing_rows(frames, chunk, tokens_per_frame, sp))
 
 
 @dataclasses.dataclass(frozen=True)
