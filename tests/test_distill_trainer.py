@@ -128,9 +128,12 @@ def test_two_ranks_distil_their_own_prompts_with_one_exit_step(tmp_path, inputs,
     solo_run = one_rank[0]["straight"]["summary"]["logged"]
     for sp, one in zip(two["sp"]["summary"]["logged"], solo_run, strict=True):
         assert sp["exit_index"] == one["exit_index"] and math.isfinite(sp["critic_loss"])
-        if sp["step"] > 2:  # Adam's first updates are about lr x the gradients' signs: the rounding of other
-            continue        # GEMM and attention shapes (bf16 compute, NVFP4 bases) flips some, and the runs part;
-        rel = 2e-3 if sp["step"] == 1 else 1e-2  # after one critic update (0.5% seen at step 2) they begin to
+        # Adam's first updates are about lr x the gradients' signs: the rounding of other GEMM and attention
+        # shapes (bf16 compute, NVFP4 bases) flips some, and the runs part. Step 1 agrees to rounding, step 2
+        # (after one update) within 1% (0.5% seen); later steps are not compared
+        if sp["step"] > 2:
+            continue
+        rel = 2e-3 if sp["step"] == 1 else 1e-2
         for key in ("critic_loss", "dmd_loss", "dmd_grad_mean_abs"):
             if key in one:
                 assert sp[key] == pytest.approx(one[key], rel=rel), (sp["step"], key, sp[key], one[key])
