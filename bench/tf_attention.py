@@ -1,12 +1,14 @@
 """Teacher-forcing self-attention alone at the 5B head dims: FlexAttention's block mask against the
-mask's dense rows (one unmasked SDPA call per chunk's clean or noisy queries) on each SDPA kernel.
+mask's dense rows (one unmasked SDPA call per chunk's clean or noisy queries) on each SDPA kernel,
+and rows of equal lengths stacked into one call ("rows-paired").
 
-    PYTHONPATH=. python bench/tf_attention.py [--frames 16 32] [--autotune]
+    PYTHONPATH=. python bench/tf_attention.py [--frames 16 32] [--sp 1 4] [--autotune]
 
 Inputs are (1, 24 heads, 2 x 880 x F tokens, 128) bf16 with 8-frame chunks, as ``train_ar`` sees them
-at 704x1280. Every variant's output and q/k/v gradients are checked against FlexAttention's
-(relative Frobenius error). Times are medians of ``triton.testing.do_bench``; TFLOP/s count the
-unmasked pairs only: 4 x pairs x 128 x 24 forward, 2.5 times that backward.
+at 704x1280; ``--sp P`` gives one Balanced-SP rank's attention after the exchange (24/P heads, the
+tokens in the ranks' order). Every variant's output and q/k/v gradients are checked against
+FlexAttention's (relative Frobenius error). Times are medians of ``triton.testing.do_bench``; TFLOP/s count the
+unmasked pairs only: 4 x pairs x 128 x heads forward, 2.5 times that backward.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from longlive_core.models.attention import attend
 from longlive_core.train.layout import TeacherForcingLayout
 
-HEADS, HEAD_DIM, TOKENS_PER_FRAME, CHUNK = 24, 128, 880, 8
+HEAD_DIM, TOKENS_PER_FRAME, CHUNK = 128, 880, 8
 KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
            "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
@@ -35,6 +37,7 @@ def variants(autotune: bool) -> dict:
             with sdpa_kernel([kernel]):
                 return attend(q, k, v, mask_mod, backend="rows")
         out[f"rows-{name}"] = run
+    out["rows-paired"] = paired_rows
     if autotune:
         from torch.nn.attention.flex_attention import flex_attention
 
@@ -47,23 +50,43 @@ def variants(autotune: bool) -> dict:
     return out
 
 
+def paired_rows(q, k, v, mask_mod):
+    """Rows of equal query and key lengths stacked along the batch: fewer, larger SDPA calls."""
+    def keys(x, ranges):
+        return torch.cat([x[:, :, a:b] for a, b in ranges], dim=2)
+
+    groups: dict = {}
+    for q0, q1, ranges in mask_mod.dense_rows:
+        groups.setdefault((q1 - q0, sum(b - a for a, b in ranges)), []).append((q0, q1, ranges))
+    pieces = {}
+    for rows in groups.values():
+        qs = torch.cat([q[:, :, q0:q1] for q0, q1, _ in rows])
+        ks = torch.cat([keys(k, r) for _, _, r in rows])
+        vs = torch.cat([keys(v, r) for _, _, r in rows])
+        out = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs)
+        for i, (q0, _, _) in enumerate(rows):
+            pieces[q0] = out[i * q.shape[0]:(i + 1) * q.shape[0]]
+    return torch.cat([pieces[q0] for q0 in sorted(pieces)], dim=2)
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def measure(frames: int, autotune: bool) -> list[dict]:
-    layout = TeacherForcingLayout(frames, CHUNK, TOKENS_PER_FRAME, 512)
+def measure(frames: int, sp: int, autotune: bool) -> list[dict]:
+    layout = TeacherForcingLayout(frames, CHUNK, TOKENS_PER_FRAME, 512, sp)
+    heads = 24 // sp
     mask = layout.self_mask()
     n = 2 * frames * TOKENS_PER_FRAME
-    fwd_flops = 4 * layout.attended_pairs() * HEAD_DIM * HEADS
+    fwd_flops = 4 * layout.attended_pairs() * HEAD_DIM * heads
     g = torch.Generator(device="cuda").manual_seed(frames)
-    q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    q, k, v = (torch.randn(1, heads, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
                for _ in range(3))
-    dout = torch.randn(1, HEADS, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(1, heads, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
     ref = None
     rows = []
     for name, fn in variants(autotune).items():
-        row = {"frames": frames, "tokens": n, "variant": name}
+        row = {"frames": frames, "sp": sp, "tokens": n, "variant": name}
         try:
             out = fn(q, k, v, mask)
             grads = torch.autograd.grad(out, (q, k, v), dout)
@@ -96,19 +119,21 @@ def measure(frames: int, autotune: bool) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, nargs="+", default=[16, 32])
+    ap.add_argument("--sp", type=int, nargs="+", default=[1])
     ap.add_argument("--autotune", action="store_true", help="also FlexAttention compiled with max-autotune")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    rows = [r for f in args.frames for r in measure(f, args.autotune)]
+    rows = [r for p in args.sp for f in args.frames for r in measure(f, p, args.autotune)]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "tf_attention.json").write_text(json.dumps(rows, indent=1))
-    print("frames tokens  variant          fwd_ms  fwd_bwd_ms  fwd TF/s  bwd TF/s  err_out  err_grad")
+    print("sp frames tokens  variant          fwd_ms  fwd_bwd_ms  fwd TF/s  bwd TF/s  err_out  err_grad")
     for r in rows:
         if "error" in r:
-            print(f"{r['frames']:6} {r['tokens']:6}  {r['variant']:15}  {r['error']}")
+            print(f"{r['sp']:2} {r['frames']:6} {r['tokens']:6}  {r['variant']:15}  {r['error']}")
         else:
-            print(f"{r['frames']:6} {r['tokens']:6}  {r['variant']:15} {r['fwd_ms']:7} {r['fwd_bwd_ms']:10} "
+            print(f"{r['sp']:2} {r['frames']:6} {r['tokens']:6}  {r['variant']:15} {r['fwd_ms']:7} "
+                  f"{r['fwd_bwd_ms']:10} "
                   f"{r['fwd_tflops']:9} {r['bwd_tflops']:9}  {r.get('err_out', '-')!s:7}  {r.get('err_grad', '-')}")
 
 
