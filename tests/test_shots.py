@@ -24,21 +24,42 @@ def test_spans_from_cuts():
     assert shots_from_cuts(100, [40, 10, 40, 0, 100, 120]) == [(0, 10), (10, 40), (40, 100)]
 
 
+def cfr(frames: int, fps: float = 24.0) -> list[float]:
+    return [i / fps for i in range(frames + 1)]
+
+
 def test_length_rules_reject_short_and_split_long_into_equal_pieces():
-    pieces = apply_length_rules([(0, 5), (5, 105), (105, 125)], min_frames=12, max_frames=48)
-    assert pieces[0].reason == "too short: 5 frames < 12" and pieces[0].scene_index == 0
+    pieces = apply_length_rules([(0, 5), (5, 105), (105, 125)], cfr(125), min_s=0.5, max_s=2.0)
+    assert pieces[0].reason == "too short: 5 frames, 0.208 s < 0.5 s" and pieces[0].scene_index == 0
     long = [p for p in pieces if p.scene_index == 1]
-    assert [(p.start_frame, p.end_frame) for p in long] == [(5, 38), (38, 71), (71, 105)]
+    assert [(p.start_frame, p.end_frame) for p in long] == [(5, 38), (38, 72), (72, 105)]
     assert all(p.reason is None and 24 <= p.num_frames <= 48 for p in long)
     assert [(p.start_frame, p.end_frame, p.reason) for p in pieces if p.scene_index == 2] == [(105, 125, None)]
 
 
-@pytest.mark.parametrize("length, max_frames", [(49, 48), (97, 48), (1000, 48), (48, 48), (25, 48)])
+@pytest.mark.parametrize("length, max_frames", [(49, 48), (97, 48), (1000, 48), (48, 48), (25, 48), (95, 47)])
 def test_split_pieces_stay_within_limits(length, max_frames):
-    pieces = apply_length_rules([(0, length)], min_frames=max_frames // 2, max_frames=max_frames)
+    fps = 24.0
+    pieces = apply_length_rules([(0, length)], cfr(length, fps), min_s=max_frames / 2 / fps, max_s=max_frames / fps)
     assert len(pieces) == math.ceil(length / max_frames)
     assert pieces[0].start_frame == 0 and pieces[-1].end_frame == length
+    assert all(p.start_frame < p.end_frame for p in pieces)
     assert all(max_frames // 2 <= p.num_frames <= max_frames for p in pieces if length >= max_frames // 2)
+
+
+def test_length_rules_count_time_on_a_variable_frame_rate():
+    """30 fps, then a stretch at 10 fps: the frames of the slow stretch cover three times as long."""
+    bounds = [i / 30 for i in range(61)] + [2 + i / 10 for i in range(1, 41)]  # 100 frames, 6 s
+    pieces = apply_length_rules([(0, 30), (30, 100)], bounds, min_s=1.0, max_s=2.0)
+    assert [p.reason for p in pieces if p.scene_index == 0] == [None]  # 30 frames, 1 s: long enough
+    durations = [bounds[p.end_frame] - bounds[p.start_frame] for p in pieces if p.scene_index == 1]
+    assert len(durations) == 3 and all(abs(d - 5 / 3) < 0.1 for d in durations)  # 5 s in equal-time pieces
+    # the same frame counts at the average rate (100 frames / 6 s) would have made 70 frames 4.2 s: 3 pieces
+    # of 23-24 frames each, the last covering 2.3 s, over the maximum
+    short = apply_length_rules([(0, 12)], [i / 10 for i in range(13)], min_s=1.5, max_s=3.0)
+    assert short[0].reason == "too short: 12 frames, 1.200 s < 1.5 s"
+    with pytest.raises(ValueError, match="min_s <= max_s / 2"):
+        apply_length_rules([(0, 12)], [i / 10 for i in range(13)], min_s=2.0, max_s=3.0)
 
 
 def test_shot_params_are_checked():
@@ -122,7 +143,7 @@ def test_split_finds_the_known_cuts_and_applies_the_rules(demo_manifest, tmp_pat
     single = shots[shots["path"] == "nature/single_take.mp4"]
     assert set(single["scene_index"]) == {0}
     (short,) = rejected.itertuples(index=False)
-    assert short.path == "nature/forest_walk.mp4" and short.reason == "too short: 6 frames < 12"
+    assert short.path == "nature/forest_walk.mp4" and short.reason == "too short: 6 frames, 0.250 s < 0.5 s"
     assert (shots["num_frames"] <= 48).all() and (shots["num_frames"] >= 12).all()
     assert (shots["duration_s"] - shots["num_frames"] / 24).abs().max() < 1e-9
     assert out.counts["single_shot_videos"] >= 1
@@ -265,17 +286,21 @@ def test_the_process_pool_lets_go_of_each_result_once_consumed():
 
 
 def test_a_video_whose_frame_rate_changed_is_split_again_and_replaces_its_rows(demo_manifest, tmp_path):
-    """The length rules count frames at the rate ingest measured: a new rate (a changed probe)
-    makes new rows, which supersede the old ones on every later read."""
+    """The detector's frame-count settings and the clips' rate come from the rate ingest measured: a
+    new rate (a changed probe) makes new rows, which supersede the old ones on every later read. The
+    length rules count the frames' timestamps, so the pieces stay where they were."""
     raw, truth, m = demo_manifest
     first = split(raw, m, tmp_path)
     faster = m.copy()
-    faster.loc[faster["path"] == "sports/match.mp4", "fps"] = 48.0  # limits in frames double
+    faster.loc[faster["path"] == "sports/match.mp4", "fps"] = 48.0
     again = split(raw, faster, tmp_path)
     assert again.counts["videos_split"] == 1
     match = again.shots[again.shots["path"] == "sports/match.mp4"]
     assert (match["fps"] == 48.0).all() and not again.shots.duplicated(["video_id", "shot_index"]).any()
-    assert len(match) < len(first.shots[first.shots["path"] == "sports/match.mp4"])  # 4 s pieces, not 2 s
+    before = first.shots[first.shots["path"] == "sports/match.mp4"]
+    spans = ["start_frame", "end_frame", "start_s", "end_s"]
+    pd.testing.assert_frame_equal(match[spans].reset_index(drop=True), before[spans].reset_index(drop=True))
+    assert set(match["clip_sha256"]).isdisjoint(before["clip_sha256"])  # clips made again, at the new rate
     pd.testing.assert_frame_equal(split(raw, faster, tmp_path).shots, again.shots)  # and it stays so
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
-import math
 import re
 from pathlib import Path
 
@@ -49,7 +49,7 @@ class VideoJob:
     video_id: str
     path: str  # absolute, already checked to lie inside the source root
     relpath: str
-    fps: float  # the average rate ingest measured: it turns the shot-length rules into frames
+    fps: float  # the average rate ingest measured: the detector's frame-count settings and the clips' rate
     num_frames: int
     cfg: ShotsConfig
 
@@ -68,10 +68,6 @@ def split_key(cfg: ShotsConfig) -> str:
     return digest_json([cfg.result_params(), code_digest("longlive_core.shots.split")])
 
 
-def frame_limits(cfg: ShotsConfig, fps: float) -> tuple[int, int]:
-    return max(1, math.ceil(cfg.min_shot_s * fps - 1e-9)), math.floor(cfg.max_shot_s * fps + 1e-9)
-
-
 def split_video(job: VideoJob) -> VideoShots:
     detection = detect_cuts(job.path, job.cfg, job.fps)
     times = detection.times
@@ -81,8 +77,8 @@ def split_video(job: VideoJob) -> VideoShots:
     # the last frame lasts as long as the typical frame before it
     last = sorted(b - a for a, b in zip(times, times[1:]))[(n - 1) // 2] if n > 1 else 1.0 / job.fps
     ends = [*times[1:], times[-1] + last]
-    min_f, max_f = frame_limits(job.cfg, job.fps)
-    pieces = apply_length_rules(shots_from_cuts(n, detection.cuts), min_f, max_f)
+    bounds = list(itertools.accumulate([*times, ends[-1]], max))  # a repeated or late timestamp adds no time
+    pieces = apply_length_rules(shots_from_cuts(n, detection.cuts), bounds, job.cfg.min_shot_s, job.cfg.max_shot_s)
     usable = {i: (p.start_frame, p.end_frame) for i, p in enumerate(pieces) if p.reason is None}
     decoded, clips = cut_clips(job.path, usable, job.fps, job.cfg.clip_crf, job.cfg.clip_preset)
     if decoded != n:
