@@ -224,6 +224,18 @@ def test_shot_times_come_from_the_frames_timestamps(tmp_path):
     assert list(gap["duration_s"]) == pytest.approx([54 / 24, 30 / 24], abs=1e-3)
 
 
+def test_a_variable_frame_rate_shot_is_cut_at_equal_times(tmp_path):
+    """60 frames: 30 at 24 fps (1.25 s), then 30 at 8 fps (the last frame lasting the video's median
+    frame, 1/24 s: 3.67 s). With a 2.5 s maximum the pieces are frames 0-39 and 40-59, about 2.5 s each;
+    at the average rate they would be 30 + 30 frames, 1.25 s and 3.67 s, the second over the maximum."""
+    src = tmp_path / "src"
+    spec = VideoSpec("x", (ShotSpec(60, 0.1, "circle", 1),))
+    write_video(src / "vfr.mp4", spec, 24, 160, 96, pts=[i if i < 30 else 30 + 3 * (i - 30) for i in range(60)])
+    out = split(src, manifest_of(src), tmp_path, min_shot_s=0.5, max_shot_s=2.5)
+    assert list(zip(out.shots["start_frame"], out.shots["end_frame"])) == [(0, 40), (40, 60)]
+    assert list(out.shots["duration_s"]) == pytest.approx([2.5, 2.5 - 2 / 24], abs=1e-3)
+
+
 def test_an_odd_sized_video_is_split_into_even_sized_clips(tmp_path):
     src = tmp_path / "src"
     spec = VideoSpec("x", (ShotSpec(30, 0.1, "circle", 1), ShotSpec(30, 0.6, "square", 2)))
