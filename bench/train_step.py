@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import statistics
@@ -32,7 +31,6 @@ from safetensors.torch import save_file
 
 from bench.gpu_setup import one_rank_group, random_dit_on_gpu
 from longlive_core.models import config as model_configs
-from longlive_core.models.attention import attend
 from longlive_core.train import trainer as trainer_module
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.flops import PEAK_BF16_TFLOPS
@@ -75,9 +73,8 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
     cfg = TrainARConfig(model="bench", init="tiny", steps=10**6, grad_accum=1, chunk_frames=8,
                         max_latent_frames=max(args.frames), activation_checkpointing=ac, compile=compiled,
                         precision=dataclasses.replace(TrainARConfig().precision, recipe=recipe), device="cuda",
-                        val_every=0, ema=dataclasses.replace(TrainARConfig().ema, start_step=0))
+                        val_every=0, ema=dataclasses.replace(TrainARConfig().ema, start_step=0), attention=attention)
     trainer = Trainer(cfg, TrainInputs(cache, cache / "samples.parquet", cache / "ckpt", "bench"))
-    trainer.model.attention_fn = functools.partial(attend, backend=attention)
     for frames in args.frames:
         trainer.cfg = dataclasses.replace(cfg, max_latent_frames=frames)
         tokens = 2 * frames * H * W // 4
@@ -129,7 +126,7 @@ def main() -> None:
     ap.add_argument("--ac", nargs="+", default=["none", "full"])
     ap.add_argument("--compile", type=int, nargs="+", default=[0])
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--attention", nargs="+", default=["rows"], help="self-attention backends: rows, flex")
+    ap.add_argument("--attention", nargs="+", default=["rows"], help="train_ar.attention values: rows, flex")
     ap.add_argument("--profile", action="store_true", help="also profile one step of each size")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()

@@ -13,9 +13,16 @@ from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
 from longlive_core.quant.recipe import convert_linears, set_forward_high_precision
+from longlive_core.train.config import TrainARConfig
 from longlive_core.train.launch import RDZV_ENV, torchrun_command
 from longlive_core.train.layout import TeacherForcingLayout
-from longlive_core.train.parallelize import apply_activation_checkpointing, clean_name
+from longlive_core.train.parallelize import (
+    apply_activation_checkpointing,
+    apply_attention,
+    apply_sequence_parallel,
+    clean_name,
+)
+from longlive_core.train.sequence_parallel import SequenceShard
 
 
 def loss_and_grads(mode: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -71,6 +78,19 @@ def test_set_forward_high_precision_reaches_every_converted_layer():
     assert all(m.recipe.forward_high_precision for m in model.modules() if isinstance(m, NVFP4Linear))
     set_forward_high_precision(model, False)
     assert not any(m.recipe.forward_high_precision for m in model.modules() if isinstance(m, NVFP4Linear))
+
+
+def test_attention_kernels_come_from_the_config_and_sequence_parallelism_wraps_them():
+    model = WanDiT(DIT_CONFIGS["tiny"])
+    apply_attention(model, "rows", torch.device("cpu"))
+    assert model.attention_fn.keywords == {"backend": "rows"}
+    chosen = model.attention_fn
+    apply_sequence_parallel(model, SequenceShard(0, 2, None))
+    assert model.attention_fn.attention_fn is chosen  # the all-to-all around the chosen kernels
+    with pytest.raises(ConfigError, match="flex needs a GPU"):
+        apply_attention(model, "flex", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="attention must be rows or flex"):
+        dataclasses.replace(TrainARConfig(), attention="sdpa").validate("train_ar")
 
 
 def test_torchrun_command(monkeypatch):

@@ -74,6 +74,7 @@ class TrainARConfig:
     error_recycling: ErrorRecyclingConfig = ErrorRecyclingConfig()
     activation_checkpointing: str = "none"  # none | full | selective (op-level)
     compile: bool = False  # torch.compile each block (after activation checkpointing, before FSDP)
+    attention: str = "rows"  # self-attention: rows (the mask's dense rows on SDPA's fused kernels) | flex (GPUs)
     sharding: str = "full"  # full | hybrid (shard inside a node, replicate across nodes)
     nnodes: int = 1
     nproc: int = 1  # ranks per node (GPUs, or CPU processes)
@@ -89,7 +90,7 @@ class TrainARConfig:
 
     # params that change nothing a checkpoint holds: a run may resume across a change of these
     RESUMABLE_ACROSS = ("steps", "val_every", "val_samples", "checkpoint_every", "keep_checkpoints", "log_every",
-                        "peak_tflops", "export_dtype", "device")
+                        "peak_tflops", "export_dtype", "device", "attention")
 
     def validate(self, where: str) -> None:
         if self.model not in DIT_CONFIGS:
@@ -107,6 +108,8 @@ class TrainARConfig:
         if self.activation_checkpointing not in ("none", "full", "selective"):
             raise ConfigError(f"{where}.activation_checkpointing must be none, full or selective; "
                               f"got {self.activation_checkpointing!r}")
+        if self.attention not in ("rows", "flex"):
+            raise ConfigError(f"{where}.attention must be rows or flex; got {self.attention!r}")
         if self.latent_source not in ("cache", "online"):
             raise ConfigError(f"{where}.latent_source must be cache or online; got {self.latent_source!r}")
         if self.sharding not in ("full", "hybrid"):

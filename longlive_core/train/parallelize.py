@@ -3,6 +3,7 @@ sequence parallelism, activation checkpointing, compilation, then FSDP2 sharding
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from longlive_core.config import ConfigError
+from longlive_core.models.attention import attend
 from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.config import dit_config
 from longlive_core.models.wan_dit import WanDiT
@@ -101,12 +104,20 @@ def sequence_groups(cfg: TrainARConfig, device_type: str) -> tuple[SequenceShard
     return (SequenceShard(dist.get_rank() % cfg.sp, cfg.sp, mesh.get_group("sp")), mesh.get_group("dp"))
 
 
+def apply_attention(model: WanDiT, backend: str, device: torch.device) -> None:
+    """Self-attention's kernels (``train_ar.attention``): the teacher-forcing mask's dense rows on SDPA,
+    or FlexAttention's block mask (faster where a rank holds few heads: bench/RESULTS.md)."""
+    if backend == "flex" and device.type != "cuda":
+        raise ConfigError("train_ar.attention: flex needs a GPU (FlexAttention has no CPU backward); use rows")
+    model.attention_fn = functools.partial(attend, backend=backend)
+
+
 def apply_sequence_parallel(model: WanDiT, shard: SequenceShard) -> None:
-    """Self-attention through the Ulysses all-to-all over the shard's group; NVFP4 amaxes reduced over
-    it. Nothing to do on one rank."""
+    """Self-attention (the model's ``attention_fn``) through the Ulysses all-to-all over the shard's
+    group; NVFP4 amaxes reduced over it. Nothing to do on one rank."""
     if shard.size == 1:
         return
-    model.attention_fn = UlyssesAttention(shard)
+    model.attention_fn = UlyssesAttention(shard, model.attention_fn)
     set_amax_group(model, shard.group)
 
 

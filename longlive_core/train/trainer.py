@@ -43,6 +43,7 @@ from longlive_core.train.forward import layout_of, teacher_forcing_velocity
 from longlive_core.train.layout import TeacherForcingLayout
 from longlive_core.train.parallelize import (
     apply_activation_checkpointing,
+    apply_attention,
     apply_compile,
     apply_fsdp,
     apply_precision,
@@ -209,6 +210,7 @@ class Trainer:
         model = build_model(cfg)
         check_inputs(model, self.train_set.load(self.train_set.sample_ids[0], align, None))
         self.conversion = apply_precision(model, cfg.precision)
+        apply_attention(model, cfg.attention, self.device)
         apply_sequence_parallel(model, self.shard)
         apply_activation_checkpointing(model, cfg.activation_checkpointing)
         if cfg.compile:
