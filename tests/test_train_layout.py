@@ -58,8 +58,10 @@ def test_attention_by_dense_rows_equals_the_masked_softmax_forward_and_backward(
     torch.testing.assert_close(by_rows, masked, rtol=1e-12, atol=1e-12)
     for a, b in zip(torch.autograd.grad(by_rows, (q, k, v), dout), torch.autograd.grad(masked, (q, k, v), dout)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match="cover 36 queries"):
+    with pytest.raises(ValueError, match="cover 36 queries and keys"):
         attend(q[:, :, :30], k, v, mask_mod)
+    with pytest.raises(ValueError, match="36 queries and 30 keys"):
+        attend(q, k[:, :, :30], v[:, :, :30], mask_mod)
     with pytest.raises(ValueError, match="tile the queries"):
         with_dense_rows(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, ((0, 4, ((0, 4),)), (5, 8, ((0, 8),))))
 

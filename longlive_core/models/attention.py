@@ -90,8 +90,9 @@ def _keys(x: torch.Tensor, ranges: tuple[tuple[int, int], ...]) -> torch.Tensor:
 
 
 def rows_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: DenseRows) -> torch.Tensor:
-    if rows[-1][1] != q.shape[2]:
-        raise ValueError(f"the mask's dense rows cover {rows[-1][1]} queries; attention got {q.shape[2]}")
+    if not rows[-1][1] == q.shape[2] == k.shape[2]:
+        raise ValueError(f"the mask's dense rows cover {rows[-1][1]} queries and keys; attention got "
+                         f"{q.shape[2]} queries and {k.shape[2]} keys")
     return torch.cat([F.scaled_dot_product_attention(q[:, :, q0:q1], _keys(k, ranges), _keys(v, ranges))
                       for q0, q1, ranges in rows], dim=2)
 
