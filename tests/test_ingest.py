@@ -70,6 +70,24 @@ def test_rerun_is_incremental(demo_copy, tmp_path):
     assert len(IngestState(state).hashes) == len(changed.manifest) - 1  # the empty file is not hashed
 
 
+def test_state_checkpoints_append_only_their_new_rows_and_the_end_folds_them(tmp_path):
+    state = IngestState(tmp_path)
+    for i in range(3):
+        state.add_hash((f"v{i}.mp4", f"f{i}"), f"id{i}")
+        state.add_probe((f"id{i}", "k"), {"error": None, "duration_s": float(i)})
+        state.checkpoint()
+    state.checkpoint()  # nothing new: no empty part
+    hash_parts = sorted(tmp_path.glob("hashes-*.parquet"))
+    assert [len(pd.read_parquet(p)) for p in hash_parts] == [1, 1, 1]
+    again = IngestState(tmp_path)  # a killed run's state: the parts read back
+    assert again.hashes == state.hashes and again.probes[("id2", "k")]["duration_s"] == 2.0
+    again.hashes.pop(("v0.mp4", "f0"))  # the file went away
+    again.save()
+    assert sorted(p.name for p in tmp_path.glob("*.parquet")) == ["canonical.parquet", "hashes.parquet",
+                                                                 "probes.parquet"]
+    assert set(IngestState(tmp_path).hashes) == {("v1.mp4", "f1"), ("v2.mp4", "f2")}
+
+
 def test_changed_decode_check_reprobes(demo_copy, tmp_path):
     raw, _ = demo_copy
     run_ingest(raw, tmp_path / "state")

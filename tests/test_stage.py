@@ -47,10 +47,6 @@ def kill_stage_when(work, stage, progress, at_least) -> int:
     return seen
 
 
-def table_rows(path):
-    return len(pd.read_parquet(path)) if path.exists() else 0
-
-
 def summary(work):
     return json.loads((work / "reports/ingest/run.json").read_text())
 
@@ -120,8 +116,10 @@ def test_a_killed_run_keeps_finished_work_and_the_rerun_does_the_rest(tmp_path):
         spec = VideoSpec(f"v{i:03d}.mp4", (ShotSpec(30, (i * 0.37) % 1.0, "circle", i),))
         write_video(src / spec.relpath, spec, 24, 64, 48)
     work = workdir(tmp_path, src, workers=1, checkpoint_every=1, min_duration_s=0.0, decode_check_frames=30)
-    killed_at = kill_stage_when(work, "ingest", lambda: table_rows(work / "data/ingest/state/probes.parquet"), 5)
+    probes = PartTable(work / "data/ingest/state", "probes", ["video_id"])
+    killed_at = kill_stage_when(work, "ingest", lambda: len(probes.read()), 5)
     assert not (work / "data/ingest/manifest.parquet").exists()  # no half-written output
+    assert len(probes.files()) > 1  # checkpoints appended parts; only the end of a run folds them
     run([sys.executable, "-m", "tasks.ingest"], work)
     s = summary(work)
     assert s["hashed"] == 0  # hashing had finished and was checkpointed before the kill
@@ -129,6 +127,7 @@ def test_a_killed_run_keeps_finished_work_and_the_rerun_does_the_rest(tmp_path):
     m = pd.read_parquet(work / "data/ingest/manifest.parquet")
     assert len(m) == n and (m["status"] == "ok").all()
     assert not list((work / "data/ingest").rglob(".tmp-*"))
+    assert [p.name for p in probes.files()] == ["probes.parquet"] and len(probes.read()) == n
 
 
 @pytest.mark.slow

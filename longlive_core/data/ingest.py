@@ -9,8 +9,11 @@ Work is remembered across runs in a small state directory, so a rerun only does 
                   identical bytes are probed once, until the probe itself changes
   canonical.parquet  which path stands for each content: an earlier file keeps status ok when
                    a copy of it arrives later, whatever the copy's name
-They are checkpointed every ``checkpoint_every`` items with atomic writes, so a run killed
-halfway keeps what it finished and the rerun redoes only the rest.
+Every ``checkpoint_every`` items the rows added since the last checkpoint go to a new part file of
+their table (``hashes-000003.parquet``; atomic writes), so a checkpoint costs its own rows, not the
+table's (120K rows rewritten every 500 files would grow quadratically), and a run killed halfway
+keeps what it finished: the rerun redoes only the rest. The end of a run folds each table into one
+file, forgetting files that are gone.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from longlive_core.data.captions import CaptionError, read_sidecar, sidecar_path
 from longlive_core.data.listing import Listing, SourceFile
 from longlive_core.data.s3_mirror import S3Config
 from longlive_core.io.atomic import write_parquet
+from longlive_core.io.parts import PartTable
 from longlive_core.progress import Progress
 from longlive_core.tracking.lineage import code_digest, digest_file, digest_json
 from longlive_core.video.probe import PROBE_COLUMNS, ProbeError, probe_video
@@ -75,38 +79,61 @@ class IngestConfig:
             raise ConfigError(f"{where}.extensions must start with a dot, got {bad}")
 
 
+HASH_STATE_COLUMNS = ["path", "fingerprint", "video_id"]
+
+
 class IngestState:
     """Per-item results that survive across runs (see the module docstring)."""
 
     def __init__(self, state_dir: str | Path):
         self.dir = Path(state_dir)
-        self.hashes: dict[tuple[str, str], str] = {}
-        self.probes: dict[tuple[str, str], dict[str, Any]] = {}  # (video_id, probe key) -> outcome
+        self._hash_table = PartTable(self.dir, "hashes", HASH_STATE_COLUMNS)
+        self._probe_table = PartTable(self.dir, "probes", ["video_id", "probe_key", "error", *PROBE_COLUMNS])
+        self._new_hashes: list[tuple[str, str]] = []  # keys added since the last checkpoint
+        self._new_probes: list[tuple[str, str]] = []
         self.canonical: dict[str, str] = {}
-        hp, pp = self.dir / "hashes.parquet", self.dir / "probes.parquet"
         cp = self.dir / "canonical.parquet"
         if cp.is_file():
             self.canonical = dict(pd.read_parquet(cp).itertuples(index=False))
-        if hp.is_file():
-            for r in pd.read_parquet(hp).itertuples(index=False):
-                self.hashes[(r.path, r.fingerprint)] = r.video_id
-        if pp.is_file():
-            df = pd.read_parquet(pp)
-            if "probe_key" in df:  # a state from before probe keys: everything is probed again
-                for rec in df.astype(object).to_dict("records"):
-                    rec = {k: (None if pd.isna(v) else v) for k, v in rec.items()}
-                    self.probes[(rec.pop("video_id"), rec.pop("probe_key"))] = rec
+        self.hashes: dict[tuple[str, str], str] = {
+            (r.path, r.fingerprint): r.video_id
+            for r in self._hash_table.read(latest_by=["path", "fingerprint"]).itertuples(index=False)}
+        self.probes: dict[tuple[str, str], dict[str, Any]] = {}  # (video_id, probe key) -> outcome
+        probes = self._probe_table.read(latest_by=["video_id", "probe_key"])
+        for rec in probes.astype(object).to_dict("records"):
+            rec = {k: (None if pd.isna(v) else v) for k, v in rec.items()}
+            if rec["probe_key"] is not None:  # a state from before probe keys: everything is probed again
+                self.probes[(rec.pop("video_id"), rec.pop("probe_key"))] = rec
+
+    def add_hash(self, key: tuple[str, str], video_id: str) -> None:
+        self.hashes[key] = video_id
+        self._new_hashes.append(key)
+
+    def add_probe(self, key: tuple[str, str], outcome: dict[str, Any]) -> None:
+        self.probes[key] = outcome
+        self._new_probes.append(key)
+
+    def _hash_rows(self, keys) -> pd.DataFrame:
+        return pd.DataFrame([{"path": p, "fingerprint": f, "video_id": self.hashes[(p, f)]} for p, f in keys],
+                            columns=HASH_STATE_COLUMNS)
+
+    def _probe_rows(self, keys) -> pd.DataFrame:
+        return pd.DataFrame([{"video_id": vid, "probe_key": key, **self.probes[(vid, key)]} for vid, key in keys],
+                            columns=self._probe_table.columns)
+
+    def checkpoint(self) -> None:
+        """What was added since the last checkpoint, as one part file per table."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._hash_table.append(self._hash_rows([k for k in self._new_hashes if k in self.hashes]))
+        self._probe_table.append(self._probe_rows([k for k in self._new_probes if k in self.probes]))
+        self._new_hashes, self._new_probes = [], []
 
     def save(self) -> None:
+        """Every table as one file holding exactly the entries kept now."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        hashes = pd.DataFrame([{"path": p, "fingerprint": f, "video_id": v}
-                               for (p, f), v in sorted(self.hashes.items())],
-                              columns=["path", "fingerprint", "video_id"])
-        write_parquet(hashes, self.dir / "hashes.parquet")
-        probes = pd.DataFrame([{"video_id": vid, "probe_key": key, **rec}
-                               for (vid, key), rec in sorted(self.probes.items(), key=lambda kv: kv[0])],
-                              columns=["video_id", "probe_key", "error", *PROBE_COLUMNS])
-        write_parquet(probes, self.dir / "probes.parquet")
+        self._hash_table.compact(self._hash_rows(sorted(self.hashes)))
+        self._probe_table.compact(self._probe_rows(sorted(self.probes)))
+        self._new_hashes, self._new_probes = [], []
         canonical = pd.DataFrame(sorted(self.canonical.items()), columns=["video_id", "path"])
         write_parquet(canonical, self.dir / "canonical.parquet")
 
@@ -143,10 +170,10 @@ def _run_parallel(items: list, fn, workers: int, label: str, state: IngestState,
                 progress.advance()
                 pending += 1
                 if pending >= every:
-                    state.save()
+                    state.checkpoint()
                     pending = 0
     finally:
-        state.save()
+        state.checkpoint()
 
 
 def _caption(listing_paths: dict[str, SourceFile], video: SourceFile) -> tuple[str | None, str, str | None]:
@@ -190,7 +217,7 @@ def ingest(listing: Listing, cfg: IngestConfig, state: IngestState, source_uri: 
         if err:
             hash_errors[v.relpath] = err
         else:
-            state.hashes[(v.relpath, v.fingerprint)] = digest
+            state.add_hash((v.relpath, v.fingerprint), digest)
 
     _run_parallel(to_hash, do_hash, cfg.workers, "ingest: hashing", state, cfg.checkpoint_every, hashed)
     empty_id = hashlib.sha256(b"").hexdigest()
@@ -217,7 +244,7 @@ def ingest(listing: Listing, cfg: IngestConfig, state: IngestState, source_uri: 
     to_probe = [by_path[p] for vid, p in first_path.items() if (vid, key) not in state.probes]
 
     def probed(v: SourceFile, rec: dict) -> None:
-        state.probes[(ids[v.relpath], key)] = rec
+        state.add_probe((ids[v.relpath], key), rec)
 
     _run_parallel(to_probe, lambda v: _probe_record(v.local_path, cfg.decode_check_frames), cfg.workers,
                   "ingest: probing", state, cfg.checkpoint_every, probed)
