@@ -1,3 +1,4 @@
+import hashlib
 import math
 import tarfile
 
@@ -183,6 +184,35 @@ def test_split_is_incremental(demo_manifest, tmp_path):
     # the shards of the old settings are gone: only what a row refers to stays on disk
     on_disk = {p.name for p in (tmp_path / "clips").glob("shard-*.tar")}
     assert changed.counts["shards_removed"] >= 1 and on_disk == set(changed.shots["clip_shard"])
+
+
+def test_a_shard_mostly_of_dead_clips_is_rewritten_and_its_clips_stay_the_same(demo_manifest, tmp_path):
+    """A video gone and one split again (a new frame rate) leave dead clips in the one demo shard: past
+    shards.shard_min_live of dead bytes its live clips move to a new shard, the rows follow, the old
+    shard goes; below it nothing moves and the dead clips are counted."""
+    raw, truth, m = demo_manifest
+    first = split(raw, m, tmp_path, shard_min_live=1.0)
+    (old_shard,) = set(first.shots["clip_shard"])
+    edited = m[m["path"] != "sports/match.mp4"].copy()
+    edited.loc[edited["path"] == "nature/single_take.mp4", "fps"] = 48.0
+    kept = split(raw, edited, tmp_path, shard_min_live=0.0)  # never rewrite
+    assert kept.counts["shards_compacted"] == 0 and kept.counts["clips_orphaned"] > 0
+    assert old_shard in set(kept.shots["clip_shard"])
+    edited.loc[edited["path"] == "nature/forest_walk.mp4", "fps"] = 48.0  # one more video split again
+    out = split(raw, edited, tmp_path, shard_min_live=1.0)
+    assert out.counts["shards_compacted"] >= 1 and out.counts["clips_orphaned"] == 0
+    on_disk = {p.name for p in (tmp_path / "clips").glob("shard-*.tar")}
+    assert old_shard not in on_disk and on_disk == set(out.shots["clip_shard"])
+    unchanged = first.shots[first.shots["path"].isin(set(edited["path"]) - {"nature/single_take.mp4",
+                                                                            "nature/forest_walk.mp4"})]
+    moved = out.shots.set_index("clip_member").loc[unchanged["clip_member"]]
+    assert (moved["clip_sha256"].to_numpy() == unchanged["clip_sha256"].to_numpy()).all()
+    for row in out.shots.itertuples(index=False):  # every clip readable where its row says, bytes intact
+        data = read_clip(tmp_path / "clips", row.clip_shard, row.clip_member)
+        assert hashlib.sha256(data).hexdigest() == row.clip_sha256
+    again = split(raw, edited, tmp_path, shard_min_live=1.0)  # the moved rows are the state now
+    assert again.counts["videos_split"] == 0 and again.counts["shards_compacted"] == 0
+    pd.testing.assert_frame_equal(again.shots, out.shots)
 
 
 def test_fast_detection_matches_plain_scenedetect_on_wider_video(tmp_path):

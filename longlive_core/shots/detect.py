@@ -25,6 +25,7 @@ class ShotsConfig:
     clip_crf: int = 17  # x264 quality of stored clips; 0 is lossless
     clip_preset: str = "veryfast"
     shard_max_mb: float = 1024.0  # a shard is closed (and its videos committed) past this size
+    shard_min_live: float = 0.5  # a shard that lost clips is rewritten when those still used are under this share
     workers: int = 2
     executor: str = "local"  # local (processes here) | dask (params `dask`: a local or remote cluster)
 
@@ -36,6 +37,8 @@ class ShotsConfig:
                               f"got {self.min_shot_s} and {self.max_shot_s}")
         if not 0 <= self.clip_crf <= 51:
             raise ConfigError(f"{where}.clip_crf must be in 0..51")
+        if not 0 <= self.shard_min_live <= 1:
+            raise ConfigError(f"{where}.shard_min_live must be in 0..1 (0: never rewrite a shard)")
         if self.workers < 1 or self.shard_max_mb <= 0 or self.min_scene_len < 1 or self.downscale < 0:
             raise ConfigError(f"{where}: workers and min_scene_len must be >= 1, shard_max_mb > 0, downscale >= 0")
 
