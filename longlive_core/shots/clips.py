@@ -161,20 +161,6 @@ class ShardWriter:
         return name
 
 
-def shard_members(path: str | Path) -> dict[str, int]:
-    """Each member's name and size (bytes) of a closed shard, from its headers alone."""
-    with tarfile.open(path, "r") as tar:
-        return {m.name: m.size for m in tar.getmembers() if m.isfile()}
-
-
-def read_members(path: str | Path, names: set[str]) -> Iterator[tuple[str, bytes]]:
-    """The named members of a shard, in the shard's order, in one pass over it."""
-    with tarfile.open(path, "r") as tar:
-        for m in tar:
-            if m.isfile() and m.name in names:
-                yield m.name, tar.extractfile(m).read()  # type: ignore[union-attr]
-
-
 def read_clip(shards_dir: str | Path, shard: str, member: str) -> bytes:
     if "/" in shard or shard.startswith("."):
         raise ValueError(f"bad shard name {shard!r}")

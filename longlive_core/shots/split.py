@@ -26,7 +26,8 @@ from longlive_core.io.atomic import remove_unreferenced, write_json
 from longlive_core.io.parts import PartTable
 from longlive_core.parallel import Executor
 from longlive_core.progress import Progress
-from longlive_core.shots.clips import ShardWriter, cut_clips, read_members, shard_members
+from longlive_core.shots.clips import ShardWriter, cut_clips
+from longlive_core.shots.compaction import compact_shards
 from longlive_core.shots.detect import ShotsConfig, detect_cuts
 from longlive_core.shots.rules import apply_length_rules, shots_from_cuts
 from longlive_core.tracking.lineage import code_digest, digest_json
@@ -168,43 +169,6 @@ def _write(executor: Executor, todo: list[VideoJob], writer: ShardWriter, state:
         raise
 
 
-def compact_shards(state: ShotsState, live_ids: set[str], touched: set[str], clips_dir: Path,
-                   cfg: ShotsConfig) -> tuple[int, int]:
-    """Rewrites each touched shard whose live clips hold less than ``shots.shard_min_live`` of its
-    bytes: its live clips go to new shards, the rows follow, and the old shard, no longer referred
-    to, is removed with the other unreferenced ones. New shards are closed before any row moves,
-    so a kill leaves either the old rows or the new ones, each with its shard on disk. Returns
-    (shards rewritten, dead clips left in the touched shards still in use)."""
-    live = state.rows[state.rows["video_id"].isin(live_ids) & state.rows["clip_shard"].notna()]
-    live_members = live.groupby("clip_shard")["clip_member"].agg(set).to_dict()
-    to_rewrite, orphaned = {}, 0
-    for shard in sorted(touched & set(live_members)):
-        sizes = shard_members(clips_dir / shard)
-        members = live_members[shard]
-        if sum(sizes[m] for m in members) < cfg.shard_min_live * sum(sizes.values()):
-            to_rewrite[shard] = members
-        else:
-            orphaned += len(sizes) - len(members)
-    if not to_rewrite:
-        return 0, orphaned
-    writer = ShardWriter(clips_dir, int(cfg.shard_max_mb * 1024 * 1024))
-    moved: dict[tuple[str, str], str] = {}
-    try:
-        for shard, members in to_rewrite.items():
-            for member, data in read_members(clips_dir / shard, members):
-                moved[(shard, member)] = writer.add(member, data)
-                if writer.full:
-                    writer.close()
-        writer.close()
-    except BaseException:
-        writer.abort()
-        raise
-    rows = state.rows[state.rows["video_id"].isin(live.loc[live["clip_shard"].isin(to_rewrite), "video_id"])].copy()
-    rows["clip_shard"] = [moved.get((s, m), s) for s, m in zip(rows["clip_shard"], rows["clip_member"])]
-    state.append(rows.to_dict("records"))
-    return len(to_rewrite), orphaned
-
-
 def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir: Path, clips_dir: Path,
                  executor: Executor) -> ShotsOutcome:
     ok = manifest[manifest["status"] == "ok"]
@@ -222,7 +186,10 @@ def split_videos(manifest: pd.DataFrame, root: Path, cfg: ShotsConfig, state_dir
     gone = state.rows[~state.rows["video_id"].isin(live_ids)]
     # the shards that lost clips in this run: gone videos' and those of videos split again
     touched = set(gone["clip_shard"].dropna()) | state.superseded
-    compacted, orphaned = compact_shards(state, live_ids, touched, clips_dir, cfg)
+    live = state.rows[state.rows["video_id"].isin(live_ids)]
+    moved, compacted, orphaned = compact_shards(live, touched, clips_dir, cfg.shard_min_live,
+                                                int(cfg.shard_max_mb * 1024 * 1024))
+    state.append(moved)
     state.compact(live_ids)
     shards_removed = remove_unreferenced(clips_dir, SHARD_NAME, set(state.rows["clip_shard"].dropna()))
 
