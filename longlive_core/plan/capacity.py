@@ -75,9 +75,10 @@ def stage_work(stage: str, params: dict[str, Any], w: Workload) -> tuple[float, 
         return shots * params["iqa_filter"]["frames_per_shot"], "frames", "", 1.0
     if stage == "encode_latents":  # an upper bound: as if every second of footage were kept
         return w.videos * w.video_seconds * fps, "frames", f"sp{params['encode_latents'].get('sp', 1)}", 1.0
-    if stage == "train_ar":
-        recipe = params["train_ar"]["precision"]["recipe"]
-        return _train_tflop(params), "TFLOP", recipe, 1.0
+    if stage == "train_ar":  # the recipe and the recomputation of activation checkpointing set the rate
+        t = params["train_ar"]
+        ac = t.get("activation_checkpointing", "none")
+        return _train_tflop(params), "TFLOP", t["precision"]["recipe"] + ("" if ac == "none" else f"+{ac}-ac"), 1.0
     if stage == "distill_dmd":
         from longlive_core.models.config import dit_config
 
