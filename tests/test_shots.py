@@ -346,6 +346,26 @@ def test_a_video_whose_frame_rate_changed_is_split_again_and_replaces_its_rows(d
     pd.testing.assert_frame_equal(split(raw, faster, tmp_path).shots, again.shots)  # and it stays so
 
 
+def test_state_rows_are_each_videos_latest_and_replaced_shards_are_known(tmp_path):
+    from longlive_core.shots.split import STATE_COLUMNS, ShotsState
+
+    def rows(video, n, shard, fps=24.0):
+        return [{**dict.fromkeys(STATE_COLUMNS), "video_id": video, "shot_index": i, "fps": fps, "clip_shard": shard}
+                for i in range(n)]
+
+    state = ShotsState(tmp_path, "k")
+    state.append(rows("a", 3, "shard-00000.tar") + rows("b", 2, "shard-00000.tar"))
+    state.append(rows("c", 1, "shard-00001.tar"))
+    state.append(rows("a", 2, "shard-00002.tar", fps=48.0))  # split again: replaces all three of a's rows
+    got = state.rows.sort_values(["video_id", "shot_index"])
+    assert list(zip(got["video_id"], got["clip_shard"])) == [("a", "shard-00002.tar")] * 2 + [
+        ("b", "shard-00000.tar")] * 2 + [("c", "shard-00001.tar")]
+    assert state.superseded == {"shard-00000.tar"}
+    again = ShotsState(tmp_path, "k")  # the parts on disk read back the same
+    pd.testing.assert_frame_equal(again.rows.sort_values(["video_id", "shot_index"]).reset_index(drop=True),
+                                  got.reset_index(drop=True), check_dtype=False)
+
+
 def test_parts_left_by_a_kill_inside_compaction_never_count_twice(tmp_path):
     from longlive_core.io.parts import PartTable
 

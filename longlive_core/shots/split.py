@@ -103,15 +103,30 @@ class ShotsState:
     def __init__(self, state_dir: str | Path, key: str):
         self.table = PartTable(state_dir, "pieces", STATE_COLUMNS)
         self.superseded: set[str] = set()  # shards that held rows replaced in this run
+        # rows appended since ``rows`` was last read: merged only when read, so a run's thousands of
+        # appends each cost their own rows, not the whole table's (millions of rows at 120K videos)
+        self._parts: list[pd.DataFrame] = []
         meta = Path(state_dir) / "key.json"
         if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
-            self.rows = self.table.read(latest_by="video_id")
+            self._rows = self.table.read(latest_by="video_id")
         else:
             if self.table.files():
                 log.info("shots params or code changed since the last run: every video is split again")
             self.table.clear()
-            self.rows = pd.DataFrame(columns=STATE_COLUMNS)
+            self._rows = pd.DataFrame(columns=STATE_COLUMNS)
             write_json({"key": key}, meta)
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        """Every video's latest rows; the shards of the rows they replaced join ``superseded``."""
+        if self._parts:
+            parts = [self._rows, *self._parts]
+            table = pd.concat([p.assign(_order=i) for i, p in enumerate(parts)], ignore_index=True)
+            latest = table["_order"] == table.groupby("video_id")["_order"].transform("max")
+            self.superseded.update(table.loc[~latest, "clip_shard"].dropna())
+            self._rows = table[latest].drop(columns="_order").reset_index(drop=True)
+            self._parts = []
+        return self._rows
 
     def done(self, fps: dict[str, float]) -> set[str]:
         """The videos split already at the frame rate ``fps`` gives them (the rate the length rules
@@ -124,15 +139,12 @@ class ShotsState:
         if rows:
             part = pd.DataFrame(rows, columns=STATE_COLUMNS)
             self.table.append(part)
-            replaced = self.rows["video_id"].isin(part["video_id"])
-            self.superseded.update(self.rows.loc[replaced, "clip_shard"].dropna())
-            kept = self.rows[~replaced]
-            self.rows = pd.concat([kept, part], ignore_index=True)
+            self._parts.append(part)
 
     def compact(self, keep_videos: set[str]) -> None:
         """Keeps only the rows of ``keep_videos``, in one file."""
-        self.rows = self.rows[self.rows["video_id"].isin(keep_videos)].reset_index(drop=True)
-        self.table.compact(self.rows)
+        self._rows = self.rows[self.rows["video_id"].isin(keep_videos)].reset_index(drop=True)
+        self.table.compact(self._rows)
 
 
 @dataclasses.dataclass
