@@ -116,7 +116,7 @@ def test_shots_finds_the_known_cuts_and_links_its_clips_from_the_dvc_cache(demo_
         rows = pd.concat([shots[shots["path"] == v["path"]], rejected[rejected["path"] == v["path"]]])
         cuts = list(rows.groupby("scene_index")["start_frame"].min().sort_index().iloc[1:])
         assert len(cuts) == len(v["cut_frames"]) and all(abs(a - b) <= 1 for a, b in zip(cuts, v["cut_frames"]))
-    assert list(rejected["reason"]) == ["too short: 6 frames < 12"]
+    assert list(rejected["reason"]) == ["too short: 6 frames, 0.250 s < 0.5 s"]
     shards = list((repo / "data/shots/clips").glob("*.tar"))
     assert shards and report(repo, "shots")["videos_split"] == 5
     # DVC links the clips from its cache rather than keeping a second copy
