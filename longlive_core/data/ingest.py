@@ -95,6 +95,7 @@ class IngestState:
         cp = self.dir / "canonical.parquet"
         if cp.is_file():
             self.canonical = dict(pd.read_parquet(cp).itertuples(index=False))
+        # a part's row supersedes the folded file's for the same key (PartTable.read groups by any key)
         self.hashes: dict[tuple[str, str], str] = {
             (r.path, r.fingerprint): r.video_id
             for r in self._hash_table.read(latest_by=["path", "fingerprint"]).itertuples(index=False)}
@@ -124,8 +125,8 @@ class IngestState:
     def checkpoint(self) -> None:
         """What was added since the last checkpoint, as one part file per table."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._hash_table.append(self._hash_rows([k for k in self._new_hashes if k in self.hashes]))
-        self._probe_table.append(self._probe_rows([k for k in self._new_probes if k in self.probes]))
+        self._hash_table.append(self._hash_rows(self._new_hashes))
+        self._probe_table.append(self._probe_rows(self._new_probes))
         self._new_hashes, self._new_probes = [], []
 
     def save(self) -> None:

@@ -29,7 +29,7 @@ class PartTable:
         found = [p for p in self.dir.glob(f"{self.stem}*.parquet") if self._part.fullmatch(p.name)]
         return sorted(found, key=lambda p: (p.name != f"{self.stem}.parquet", p.name))
 
-    def read(self, latest_by: str | list[str] | None = None) -> pd.DataFrame:
+    def read(self, latest_by: str | None = None) -> pd.DataFrame:
         frames = []
         for order, path in enumerate(self.files()):
             frame = pd.read_parquet(path)

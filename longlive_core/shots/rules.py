@@ -30,6 +30,9 @@ def shots_from_cuts(num_frames: int, cuts: list[int]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
+_EPS = 1e-6  # seconds: container timestamps are rounded to their time base
+
+
 def apply_length_rules(spans: list[tuple[int, int]], bounds: list[float], min_s: float, max_s: float) -> list[Piece]:
     """``bounds``: each frame's start time, then the end of the last frame (one more than the frames).
     Lengths are times, not frame counts, so a variable-frame-rate source is judged by what it shows;
@@ -51,9 +54,6 @@ def apply_length_rules(spans: list[tuple[int, int]], bounds: list[float], min_s:
             n += 1
         out.extend(Piece(a, b, None, scene) for a, b in zip(edges, edges[1:]) if b > a)
     return out
-
-
-_EPS = 1e-6  # seconds: container timestamps are rounded to their time base
 
 
 def _nearest_frame(bounds: list[float], start: int, end: int, t: float) -> int:
