@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -32,12 +33,13 @@ import torch
 from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.devices import pick_device
 from longlive_core.infer.decode import FrameStream, ShotDecoder
-from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, GenerateConfig, generate
+from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, EngineStats, GenerateConfig, generate
 from longlive_core.infer.model_folder import load_model_folder
-from longlive_core.infer.prompts import PromptFileError, parse_prompts, plan_shots
+from longlive_core.infer.prompts import PromptFileError, ShotPlan, parse_prompts, plan_shots
 from longlive_core.io.atomic import atomic_path, write_json
 from longlive_core.models.text import text_encoder_from
 from longlive_core.models.vae import vae_from
+from longlive_core.models.wan_dit import WanDiT
 from longlive_core.models.weights import CheckpointError
 from longlive_core.progress import Progress, setup_logging
 from longlive_core.quant.recipe import convert_linears, convert_linears_fp8
@@ -71,15 +73,22 @@ def prepare_model(directory: Path, precision: str, device: torch.device):
     return model, config, "bf16"
 
 
-def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, cfg: GenerateConfig,
-                  steps: int | None = None, on_frame: Callable[[np.ndarray], None] | None = None,
-                  shard: SequenceShard = WHOLE) -> dict | None:
-    """Generates ``out`` (mp4) and ``out``.json; returns the sidecar's contents. ``on_frame`` sees
-    every (H, W, 3) uint8 frame as it goes into the file (x264's bytes are not reproducible bit for
-    bit from run to run; the frames are). Under sequence parallelism every rank calls this; rank 0
-    alone loads the VAE and writes (the others return None)."""
-    wall = time.perf_counter()
-    model_dir, prompts, out = Path(model_dir), Path(prompts), Path(out)
+@dataclasses.dataclass
+class Generation:
+    """A prompt file's generation set up on a model folder: ``run(stream=..., on_chunk=...)`` runs
+    ``engine.generate`` on it (every rank of ``shard`` calls it; rank 0's stream gets the chunks)."""
+    device: torch.device
+    model: WanDiT
+    config: dict
+    recipe: str
+    plan: list[ShotPlan]
+    steps: tuple[int, ...]
+    run: Callable[..., EngineStats]
+
+
+def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, steps: int | None = None,
+                       shard: SequenceShard = WHOLE) -> Generation:
+    """The model, the shots planned from ``prompts``, their texts embedded and the KV cache, ready to run."""
     if not prompts.is_file():
         raise PromptFileError(f"{prompts} not found: give a prompt file, one line per shot")
     device = pick_device(cfg.device, "generate.device")
@@ -108,6 +117,22 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     run = functools.partial(generate, model, plan, texts, cache, step_list,
                             latent_shape=(int(latent["channels"]), h, w), dtype=dtype, seed=cfg.seed,
                             shot_offset=int(config["multi_shot"]["shot_rope_offset"]), shard=shard)
+    return Generation(device, model, config, recipe, plan, step_list, run)
+
+
+def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, cfg: GenerateConfig,
+                  steps: int | None = None, on_frame: Callable[[np.ndarray], None] | None = None,
+                  shard: SequenceShard = WHOLE) -> dict | None:
+    """Generates ``out`` (mp4) and ``out``.json; returns the sidecar's contents. ``on_frame`` sees
+    every (H, W, 3) uint8 frame as it goes into the file (x264's bytes are not reproducible bit for
+    bit from run to run; the frames are). Under sequence parallelism every rank calls this; rank 0
+    alone loads the VAE and writes (the others return None)."""
+    wall = time.perf_counter()
+    model_dir, prompts, out = Path(model_dir), Path(prompts), Path(out)
+    g = prepare_generation(model_dir, prompts, cfg, steps, shard)
+    device, model, config, recipe, plan, step_list, run = (g.device, g.model, g.config, g.recipe, g.plan, g.steps,
+                                                           g.run)
+    video, chunk = config["video"], int(config["latent"]["chunk_frames"])
     if shard.rank != 0:  # the DiT's share of every chunk; rank 0 decodes and writes
         run(stream=None)
         return None

@@ -1,0 +1,64 @@
+"""``longlive generate``'s engine under torchrun, for the sequence-parallel inference test: the latents
+every chunk hands to the frame stream, sharded over the ranks and in one process.
+
+    torchrun --nproc_per_node=P -m tests.helpers.generate_worker SPEC.json OUT_DIR
+
+SPEC.json holds {"runs": [{"name", "model", "prompts", "generate": {...}}, ...]}. Every rank runs the
+prompt file as ``generate_file`` sets it up, with the SequenceShard of the P ranks; then rank 0 alone
+runs it again unsharded while the others wait. Rank 0 writes OUT_DIR/<name>/latents.safetensors
+("sp<P>" and "sp1": each chunk's x0 as the stream got it, stacked, (chunks, C, F_c, h, w) float32) and
+stats.json (each run's chunks, shot starts and KV bytes per token).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from longlive_core.config import from_mapping
+from longlive_core.infer.engine import GenerateConfig
+from longlive_core.infer.generate import prepare_generation
+from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
+from tests.helpers.worker import main_over_runs
+
+
+class LatentRecorder:
+    """A frame stream's stand-in: keeps each chunk's latents instead of decoding them."""
+
+    def __init__(self):
+        self.chunks: list[torch.Tensor] = []
+        self.new_shots: list[bool] = []
+
+    def put(self, z: torch.Tensor, new_shot: bool) -> None:
+        self.chunks.append(z.detach().to(torch.float32, copy=True))
+        self.new_shots.append(new_shot)
+
+
+def record(spec: dict, shard: SequenceShard) -> tuple[torch.Tensor, dict] | None:
+    cfg = from_mapping(GenerateConfig, spec["generate"], "generate")
+    run = prepare_generation(Path(spec["model"]), Path(spec["prompts"]), cfg, shard=shard).run
+    recorder = LatentRecorder() if shard.rank == 0 else None
+    stats = run(stream=recorder)
+    if recorder is None:
+        return None
+    return torch.stack(recorder.chunks), {"chunks": stats.chunks, "new_shots": recorder.new_shots,
+                                          "kv_bytes_per_token": stats.kv_bytes_per_token}
+
+
+def run_one(spec: dict, out: Path) -> None:
+    size = dist.get_world_size()
+    sharded = record(spec, SequenceShard(dist.get_rank(), size, dist.group.WORLD))
+    whole = record(spec, WHOLE) if dist.get_rank() == 0 else None
+    dist.barrier()
+    if whole is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({f"sp{size}": sharded[0], "sp1": whole[0]}, str(out / "latents.safetensors"))
+    (out / "stats.json").write_text(json.dumps({f"sp{size}": sharded[1], "sp1": whole[1]}))
+
+
+if __name__ == "__main__":
+    main_over_runs(run_one)
