@@ -89,7 +89,7 @@ def one_mode(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ar, latents = make_inputs(Path(tmp), args.frames, args.blocks)
         try:
-            trainer = DMDTrainer(cfg, DistillInputs(ar, latents, Path(tmp) / "ckpt", "bench"),
+            trainer = DMDTrainer(cfg, DistillInputs(ar, latents, Path(tmp) / "ckpt", None),
                                  full_weights=args.one == "bf16-full")
             row["state_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2)  # weights and buffers before a step
             trainer.train_step(0)  # warm-up: compilation, optimizer state
@@ -126,7 +126,7 @@ def stage_comparison(args) -> dict:
                            device="cuda", activation_checkpointing=args.ac)
     with tempfile.TemporaryDirectory() as tmp:
         ar, latents = make_inputs(Path(tmp), args.frames, args.blocks)
-        out = memory_comparison(cfg, DistillInputs(ar, latents, Path(tmp) / "ckpt", "bench"), Path(tmp) / "scratch")
+        out = memory_comparison(cfg, DistillInputs(ar, latents, Path(tmp) / "ckpt", None), Path(tmp) / "scratch")
     dist.destroy_process_group()
     return out
 

@@ -74,7 +74,7 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
                         max_latent_frames=max(args.frames), activation_checkpointing=ac, compile=compiled,
                         precision=dataclasses.replace(TrainARConfig().precision, recipe=recipe), device="cuda",
                         val_every=0, ema=dataclasses.replace(TrainARConfig().ema, start_step=0), attention=attention)
-    trainer = Trainer(cfg, TrainInputs(cache, cache / "samples.parquet", cache / "ckpt", "bench"))
+    trainer = Trainer(cfg, TrainInputs(cache, cache / "samples.parquet", cache / "ckpt", None))
     for frames in args.frames:
         trainer.cfg = dataclasses.replace(cfg, max_latent_frames=frames)
         tokens = 2 * frames * H * W // 4
@@ -87,7 +87,8 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
             for i in range(args.steps + 2):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                loss, _, flops, _ = trainer.train_step(i)
+                step = trainer.train_step(i)
+                loss, flops = step["loss"], step["flops"]
                 torch.cuda.synchronize()
                 if i >= 2:
                     times.append(time.perf_counter() - t0)

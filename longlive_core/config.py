@@ -79,6 +79,28 @@ def _check(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+FLAT = "flat"  # field metadata: a shared section whose keys sit in params beside the stage's own
+
+
+def flat_section(default: Any) -> Any:
+    """A dataclass field holding a shared config section (checkpoints, the optimizer, ...) whose keys
+    are written in params at the stage's own level: ``train_ar.checkpoint_every``, not
+    ``train_ar.checkpoint.checkpoint_every``."""
+    return dataclasses.field(default=default, metadata={FLAT: True})
+
+
+def without_keys(obj: Any, dotted: tuple[str, ...]) -> dict[str, Any]:
+    """``dataclasses.asdict(obj)`` less the keys named (``a`` or ``a.b`` for a nested one)."""
+    d = dataclasses.asdict(obj)
+    for path in dotted:
+        *parents, last = path.split(".")
+        node = d
+        for p in parents:
+            node = node.get(p, {})
+        node.pop(last, None)
+    return d
+
+
 def from_mapping(cls: type[T], data: Any, where: str) -> T:
     """Build dataclass ``cls`` from a mapping; ``where`` is the params key path for messages."""
     if data is None:
@@ -87,13 +109,18 @@ def from_mapping(cls: type[T], data: Any, where: str) -> T:
         raise ConfigError(f"{where}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    flat = {name: [sub.name for sub in dataclasses.fields(hints[name])]
+            for name, f in fields.items() if f.metadata.get(FLAT)}
+    known = (set(fields) - set(flat)) | {key for keys in flat.values() for key in keys}
+    unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys are {sorted(fields)}")
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys are {sorted(known)}")
     kwargs = {}
     for name, field in fields.items():
         key = f"{where}.{name}"
-        if name in data:
+        if name in flat:
+            kwargs[name] = from_mapping(hints[name], {k: data[k] for k in flat[name] if k in data}, where)
+        elif name in data:
             kwargs[name] = _check(data[name], hints[name], key)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError(f"{key} is required in params.yaml")

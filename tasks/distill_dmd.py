@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from typing import Any
 
 from longlive_core.config import ConfigError, stage_config
@@ -16,10 +15,19 @@ from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.lora import LORA_TARGETS
 from longlive_core.io.atomic import atomic_dir, write_json
 from longlive_core.models.checkpoint import read_model_config
-from longlive_core.models.weights import weights_identity
-from longlive_core.tracking.lineage import digest_file, digest_json, git_state
+from longlive_core.models.identity import identity_digest, write_identity
+from longlive_core.tracking.lineage import CODE, code_digest, digest_file, digest_json, git_state, runtime_versions
 from longlive_core.train.launch import under_torchrun
-from tasks.paths import AR_MODEL, DISTILL_DMD_HISTORY, DMD_CHECKPOINTS, DMD_MODEL, LATENT_INDEX, LATENTS
+from tasks.paths import (
+    AR_IDENTITY,
+    AR_MODEL,
+    DISTILL_DMD_HISTORY,
+    DMD_CHECKPOINTS,
+    DMD_IDENTITY,
+    DMD_MODEL,
+    LATENT_INDEX,
+    LATENTS,
+)
 from tasks.stage import run_ranks
 
 STAGE = "distill_dmd"
@@ -35,37 +43,42 @@ def prepare(params: dict[str, Any]) -> DistillDMDConfig:
     return cfg
 
 
-def run_digest(cfg: DistillDMDConfig) -> str:
-    """What a checkpoint must match to be resumed: the params that shape distillation, the AR model,
-    the prompts (the latent index) and the world layout."""
-    return digest_json([cfg.resume_params(), weights_identity(AR_MODEL), digest_file(LATENT_INDEX),
-                        {"nnodes": cfg.nnodes, "nproc": cfg.nproc}])
+def digest_components(cfg: DistillDMDConfig) -> dict[str, str]:
+    """What a checkpoint must match to be resumed, by name: the params that shape distillation, the AR
+    model, the prompts (the latent index), the world layout and the numeric code of distillation."""
+    return {"params": digest_json(cfg.resume_params()), "ar_model": identity_digest(AR_IDENTITY),
+            "latent_index": digest_file(LATENT_INDEX), "world": digest_json({"nnodes": cfg.nnodes, "nproc": cfg.nproc}),
+            CODE: code_digest("longlive_core.distill.trainer")}
 
 
-def model_config(cfg: DistillDMDConfig, digest: str) -> dict:
+def model_config(cfg: DistillDMDConfig, summary: dict) -> dict:
     """config.json of models/dmd/: what the adapter is, what it was distilled from and for."""
     ar = read_model_config(AR_MODEL, "train_ar")
     return {
         "format": "peft-lora",
         "stage": STAGE,
         "base_model": str(AR_MODEL),
+        "base_model_identity": identity_digest(AR_IDENTITY),  # the adapter means something on these weights alone
         "adapter": {**dataclasses.asdict(cfg.lora), "targets": list(LORA_TARGETS), "name": "default"},
         "sampling": {"kind": "few-step", "steps": list(cfg.denoising_steps), "window": cfg.window,
                      "chunk_frames": ar["latent"]["chunk_frames"]},
         "distillation": {"recipe": cfg.recipe, "real_guidance": cfg.real_guidance,
                          "fake_guidance": cfg.fake_guidance, "steps": cfg.steps},
-        "lineage": {**git_state("."), "ar_model": weights_identity(AR_MODEL),
-                    "latent_index_sha256": digest_file(LATENT_INDEX), "run_digest": digest},
+        "lineage": {**git_state("."),
+                    "latent_index_sha256": digest_file(LATENT_INDEX), "run_digest": summary["run_digest"],
+                    "steps": summary["steps"], "step_ranges": summary["lineage"]},
     }
 
 
-def export(cfg: DistillDMDConfig, adapter: dict, lora_config, digest: str) -> None:
+def export(cfg: DistillDMDConfig, adapter: dict, lora_config, summary: dict) -> None:
     from safetensors.torch import save_file
 
     with atomic_dir(DMD_MODEL) as staging:
         save_file({k: v.contiguous() for k, v in adapter.items()}, os.fspath(staging / "adapter_model.safetensors"))
         lora_config.save_pretrained(os.fspath(staging))  # adapter_config.json, as peft reads it
-        write_json(model_config(cfg, digest), staging / "config.json")
+        config = model_config(cfg, summary)
+        write_json(config, staging / "config.json")
+    write_identity(DMD_MODEL, config, DMD_IDENTITY)
 
 
 def body(cfg: DistillDMDConfig, run) -> dict:
@@ -73,23 +86,26 @@ def body(cfg: DistillDMDConfig, run) -> dict:
 
     # torch.distributed's checkpointing: in the ranks only
     from longlive_core.distill.trainer import DistillInputs, DMDTrainer, memory_comparison
+    from longlive_core.train.loop import write_history
 
     rank0 = dist.get_rank() == 0
-    digest = run_digest(cfg) if rank0 else ""  # only rank 0 reads and writes checkpoint metadata
-    inputs = DistillInputs(AR_MODEL, LATENTS, DMD_CHECKPOINTS, digest)
+    components = digest_components(cfg) if rank0 else None  # only rank 0 reads and writes checkpoint metadata
+    inputs = DistillInputs(AR_MODEL, LATENTS, DMD_CHECKPOINTS, components)
     trainer = DMDTrainer(cfg, inputs)
-    run.set_tags({"input.ar_model": weights_identity(AR_MODEL) if rank0 else "", "distill_dmd.run_digest": digest})
+    digest = digest_json(components) if rank0 else ""
+    run.set_tags({"input.ar_model": components["ar_model"] if rank0 else "", "distill_dmd.run_digest": digest,
+                  **{f"runtime.{k}": v for k, v in runtime_versions().items()}})
     summary = trainer.run(sink=lambda metrics, step: run.log_metrics(metrics, step=step))
+    summary["run_digest"] = digest
     adapter, lora_config = summary.pop("adapter_state"), trainer.roles.lora_config
     if rank0:
-        export(cfg, adapter, lora_config, digest)
+        export(cfg, adapter, lora_config, summary)
     if cfg.memory_comparison:
         del trainer  # each mode is measured from a clean start
         summary["memory_comparison"] = memory_comparison(cfg, inputs, DMD_CHECKPOINTS / "memory_comparison")
     if not rank0:
         return summary
-    DISTILL_DMD_HISTORY.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(DMD_CHECKPOINTS / "history.jsonl", DISTILL_DMD_HISTORY)
+    write_history(summary, DISTILL_DMD_HISTORY)
     run.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
     memory = summary.get("memory_comparison", {})
     if memory.get("measured"):

@@ -13,9 +13,19 @@ from longlive_core.devices import pick_device
 from longlive_core.distill.merge import MergeW4A4Config
 from longlive_core.io.atomic import atomic_dir, write_json
 from longlive_core.models.checkpoint import read_model_config
-from longlive_core.models.weights import weights_identity
+from longlive_core.models.identity import identity_digest, write_identity
 from longlive_core.tracking.lineage import git_state
-from tasks.paths import AR_MODEL, DMD_MODEL, LATENT_INDEX, LATENTS, MERGE_W4A4_METRICS, W4A4_MODEL
+from tasks.paths import (
+    AR_IDENTITY,
+    AR_MODEL,
+    DMD_IDENTITY,
+    DMD_MODEL,
+    LATENT_INDEX,
+    LATENTS,
+    MERGE_W4A4_METRICS,
+    W4A4_IDENTITY,
+    W4A4_MODEL,
+)
 from tasks.stage import main_for
 
 STAGE = "merge_w4a4"
@@ -37,8 +47,8 @@ def w4a4_config(cfg: MergeW4A4Config, ar: dict, dmd: dict, quantization: dict) -
             "sampling": dmd["sampling"],
             "precision": {**ar["precision"], "recipe": cfg.recipe},
             **quantization,
-            "lineage": {**git_state("."), "ar_model": weights_identity(AR_MODEL),
-                        "dmd_adapter": weights_identity(DMD_MODEL), "ar_lineage": ar.get("lineage"),
+            "lineage": {**git_state("."), "ar_model": identity_digest(AR_IDENTITY),
+                        "dmd_adapter": identity_digest(DMD_IDENTITY), "ar_lineage": ar.get("lineage"),
                         "dmd_lineage": dmd.get("lineage")}}
 
 
@@ -76,7 +86,9 @@ def body(cfg: MergeW4A4Config, run) -> dict:
     packed_bf16_bytes = sum(layer.in_features * layer.out_features * 2 for layer in layers.values())
     with atomic_dir(W4A4_MODEL) as staging:
         save_file(state, os.fspath(staging / W4A4_WEIGHTS), metadata={"format": "pt"})
-        write_json(w4a4_config(cfg, ar, dmd, quantization), staging / "config.json")
+        config = w4a4_config(cfg, ar, dmd, quantization)
+        write_json(config, staging / "config.json")
+    write_identity(W4A4_MODEL, config, W4A4_IDENTITY)
     loaded = load_w4a4(W4A4_MODEL, read_model_config(W4A4_MODEL, STAGE), device)  # what inference will load
     y_w4a4 = outputs(loaded, evaluation, dtype, device)
     metrics = {

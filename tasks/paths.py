@@ -32,13 +32,16 @@ LATENTS_FAILED = LATENTS / "failed.parquet"
 AR_MODEL = Path("models/ar")  # train_ar's model folder (MISSION.md "Model folders")
 AR_CHECKPOINTS = Path("checkpoints/train_ar")  # not a DVC output: DVC never deletes it, so a rerun resumes
 TRAIN_AR_HISTORY = Path("reports/train_ar/history.jsonl")
+AR_IDENTITY = Path("reports/train_ar/identity.json")  # its weights and how they run: what later stages key on
 
 DMD_MODEL = Path("models/dmd")  # distill_dmd's: the generator's LoRA as a peft adapter
 DMD_CHECKPOINTS = Path("checkpoints/distill_dmd")  # not a DVC output either: a killed distillation resumes
 DISTILL_DMD_HISTORY = Path("reports/distill_dmd/history.jsonl")
+DMD_IDENTITY = Path("reports/distill_dmd/identity.json")
 
 W4A4_MODEL = Path("models/w4a4")  # merge_w4a4's: the merged model, packed NVFP4
 MERGE_W4A4_METRICS = Path("reports/merge_w4a4/metrics.json")
+W4A4_IDENTITY = Path("reports/merge_w4a4/identity.json")
 
 EVALUATE = Path("reports/evaluate")
 EVALUATE_VIDEOS = EVALUATE / "videos"  # each suite entry's prompt file, mp4 and sidecar

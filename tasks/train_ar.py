@@ -6,7 +6,6 @@ so DVC never deletes them) let a killed or extended run continue where it stoppe
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from typing import Any
 
 from longlive_core.config import ConfigError, stage_config
@@ -14,12 +13,24 @@ from longlive_core.devices import pick_device
 from longlive_core.latents.encode import EncodeLatentsConfig
 from longlive_core.models.checkpoint import check_dit_weights, save_dit
 from longlive_core.models.config import dit_config
+from longlive_core.models.identity import write_identity
 from longlive_core.models.vae import SPATIAL_STRIDE, TEMPORAL_STRIDE
 from longlive_core.models.weights import CheckpointError, weights_identity
-from longlive_core.tracking.lineage import digest_file, digest_json, git_state
+from longlive_core.tracking.lineage import CODE, code_digest, digest_file, digest_json, git_state, runtime_versions
 from longlive_core.train.config import TrainARConfig
+from longlive_core.train.data import sample_weights
 from longlive_core.train.launch import under_torchrun
-from tasks.paths import AR_CHECKPOINTS, AR_MODEL, CLIPS, LATENT_INDEX, LATENTS, SAMPLES, SHOTS, TRAIN_AR_HISTORY
+from tasks.paths import (
+    AR_CHECKPOINTS,
+    AR_IDENTITY,
+    AR_MODEL,
+    CLIPS,
+    LATENT_INDEX,
+    LATENTS,
+    SAMPLES,
+    SHOTS,
+    TRAIN_AR_HISTORY,
+)
 from tasks.stage import run_ranks
 
 STAGE = "train_ar"
@@ -46,14 +57,17 @@ def prepare(params: dict[str, Any]) -> Prepared:
     return Prepared(cfg, latents)
 
 
-def run_digest(cfg: TrainARConfig) -> str:
-    """What a checkpoint must match to be resumed: the params that shape training, the latent index,
-    the starting weights and the world layout."""
-    return digest_json([cfg.resume_params(), digest_file(LATENT_INDEX), weights_identity(cfg.init),
-                        {"nnodes": cfg.nnodes, "nproc": cfg.nproc}])
+def digest_components(cfg: TrainARConfig) -> dict[str, str]:
+    """What a checkpoint must match to be resumed, by name: the params that shape the math, the data
+    drawn (the latent index and the sample weights), the starting weights, the world layout and the
+    numeric code of training (its speed-only modules left out: tracking/lineage.py)."""
+    return {"params": digest_json(cfg.resume_params()), "latent_index": digest_file(LATENT_INDEX),
+            "sample_weights": digest_json(sorted(sample_weights(SAMPLES).items())),
+            "init": weights_identity(cfg.init), "world": digest_json({"nnodes": cfg.nnodes, "nproc": cfg.nproc}),
+            CODE: code_digest("longlive_core.train.trainer")}
 
 
-def model_config(p: Prepared, digest: str) -> dict:
+def model_config(p: Prepared, summary: dict) -> dict:
     """config.json of models/ar/: everything that rebuilds and runs the model without params.yaml."""
     t, c = p.train, p.latents.clip
     return {
@@ -65,8 +79,10 @@ def model_config(p: Prepared, digest: str) -> dict:
                    "height": c.height // SPATIAL_STRIDE, "width": c.width // SPATIAL_STRIDE,
                    "temporal_stride": TEMPORAL_STRIDE, "spatial_stride": SPATIAL_STRIDE},
         "video": {"fps": c.fps, "height": c.height, "width": c.width},
-        "vae": {"path": p.latents.vae, "seed": 0} if p.latents.vae == "tiny" else {"path": p.latents.vae},
-        "text_encoder": {"path": p.latents.text_encoder, "max_length": p.latents.text_max_length,
+        "vae": {"path": p.latents.vae, "sha256": weights_identity(p.latents.vae),
+                **({"seed": 0} if p.latents.vae == "tiny" else {})},
+        "text_encoder": {"path": p.latents.text_encoder, "sha256": weights_identity(p.latents.text_encoder),
+                         "max_length": p.latents.text_max_length,
                          **({"seed": 0} if p.latents.text_encoder == "tiny" else {})},
         "sampling": {"kind": "flow-matching", "num_train_timesteps": t.num_train_timesteps,
                      "timestep_shift": t.timestep_shift, "steps": None},  # not distilled: the full schedule
@@ -74,11 +90,12 @@ def model_config(p: Prepared, digest: str) -> dict:
         "precision": {"recipe": t.precision.recipe, "skip": list(t.precision.skip),
                       "keep_last_blocks": t.precision.keep_last_blocks},
         "lineage": {**git_state("."), "latent_index_sha256": digest_file(LATENT_INDEX),
-                    "init": t.init, "init_sha256": weights_identity(t.init), "run_digest": digest},
+                    "init": t.init, "init_sha256": weights_identity(t.init), "run_digest": summary["run_digest"],
+                    "steps": summary["steps"], "step_ranges": summary["lineage"]},
     }
 
 
-def export(p: Prepared, summary: dict, digest: str) -> None:
+def export(p: Prepared, summary: dict) -> None:
     import torch
 
     from longlive_core.models.wan_dit import WanDiT
@@ -87,26 +104,31 @@ def export(p: Prepared, summary: dict, digest: str) -> None:
         model = WanDiT(dit_config(p.train.model))
     dtype = getattr(torch, p.train.export_dtype)
     model.load_state_dict({k: v.to(dtype) for k, v in summary.pop("ema_state").items()}, strict=True, assign=True)
-    save_dit(model, AR_MODEL, config=model_config(p, digest))
+    config = model_config(p, summary)
+    save_dit(model, AR_MODEL, config=config)
+    write_identity(AR_MODEL, config, AR_IDENTITY)
 
 
 def body(p: Prepared, run) -> dict:
     import torch.distributed as dist
 
+    from longlive_core.train.loop import write_history
     from longlive_core.train.online_latents import OnlineSource
     from longlive_core.train.trainer import TrainInputs, train  # torch.distributed's checkpointing: in the ranks only
 
     rank0 = dist.get_rank() == 0
-    digest = run_digest(p.train) if rank0 else ""  # only rank 0 reads and writes checkpoint metadata
+    components = digest_components(p.train) if rank0 else None  # only rank 0 reads and writes checkpoint metadata
     online = OnlineSource(p.latents, SHOTS, CLIPS) if p.train.latent_source == "online" else None
-    inputs = TrainInputs(LATENTS, SAMPLES, AR_CHECKPOINTS, digest, online)
-    run.set_tags({"input.latent_index.sha256": digest_file(LATENT_INDEX), "train_ar.run_digest": digest})
+    inputs = TrainInputs(LATENTS, SAMPLES, AR_CHECKPOINTS, components, online)
+    digest = digest_json(components) if rank0 else ""
+    run.set_tags({"input.latent_index.sha256": digest_file(LATENT_INDEX), "train_ar.run_digest": digest,
+                  **{f"runtime.{k}": v for k, v in runtime_versions().items()}})
     summary = train(p.train, inputs, sink=lambda metrics, step: run.log_metrics(metrics, step=step))
     if not rank0:
         return summary
-    export(p, summary, digest)
-    TRAIN_AR_HISTORY.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(AR_CHECKPOINTS / "history.jsonl", TRAIN_AR_HISTORY)
+    summary["run_digest"] = digest
+    export(p, summary)
+    write_history(summary, TRAIN_AR_HISTORY)
     run.set_tags({"mfu_denominator": summary["mfu_denominator"]})
     run.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
     run.log_artifact(TRAIN_AR_HISTORY)

@@ -39,6 +39,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="session")
+def gloo_world():
+    """A process group of one rank (gloo) in this pytest process: trainers and checkpoint stores run
+    in-process, as one rank of a torchrun job; multi-rank equality tests still go through torchrun."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+
+
 def launch_worker(worker: str, tmp_path: Path, specs: list[dict], nproc: int) -> Path:
     """Runs ``tests.helpers.<worker>`` on ``nproc`` ranks under torchrun over ``specs`` (its runs, in
     order, one launch for all); returns the folder it wrote each run's results into."""

@@ -70,7 +70,7 @@ def test_a_killed_distillation_resumes_from_its_checkpoint_exactly(one_rank):
             assert m.get(key) == logged[step].get(key), (step, key)
     assert [("dmd_loss" in m) for m in straight["logged"]] == [False, True, False, True]  # every 2nd step
     assert all(math.isfinite(m["critic_loss"]) for m in straight["logged"])
-    meta = dcp.FileSystemReader(str(Path(ckpt) / "step-00000004")).read_metadata()
+    meta = dcp.FileSystemReader(str(Path(straight["checkpoints"]) / "step-00000004")).read_metadata()
     model_keys = [k for k in meta.state_dict_metadata if k.startswith("model.")]
     assert model_keys and all("lora_" in k for k in model_keys)  # the frozen backbone is rebuilt, not saved
     assert any(".fake." in k for k in model_keys) and any(".default." in k for k in model_keys)

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import av
 import pandas as pd
@@ -295,6 +296,18 @@ def test_train_ar_learns_writes_its_model_folder_and_resumes_after_a_kill(demo_r
     assert {"loss", "val_loss", "grad_norm", "tokens_per_s", "peak_memory_mb", "skipped_steps"} <= set(metrics)
     assert len(client.get_metric_history(rep["mlflow_run_id"], "loss")) == 120
 
+    # run again with nothing left to train: the same weights, a config.json whose lineage has one more
+    # step range, the same identity; nothing after train_ar is out of date
+    same = workspace_copy(repo, tmp_path / "same")
+    identity = (repo / "reports/train_ar/identity.json").read_bytes()
+    repro(same, "--force", "--single-item", "train_ar")
+    assert (report(same, "train_ar")["start_step"], report(same, "train_ar")["steps_run"]) == (120, 0)
+    assert (same / "reports/train_ar/identity.json").read_bytes() == identity
+    lineage = json.loads((same / "models/ar/config.json").read_text())["lineage"]["step_ranges"]
+    assert [(r["from_step"], r["to_step"]) for r in lineage] == [(0, 120), (120, 120)]
+    status = run([sys.executable, "-m", "dvc", "status", "distill_dmd", "merge_w4a4", "evaluate", "package"], same)
+    assert "up to date" in status.stdout, status.stdout
+
     # more steps: the run continues from its last checkpoint; killed at any point, it continues again
     variant = workspace_copy(repo, tmp_path / "repo")
     params = (variant / "params.yaml").read_text()
@@ -303,7 +316,8 @@ def test_train_ar_learns_writes_its_model_folder_and_resumes_after_a_kill(demo_r
     (variant / "params.yaml").write_text(params)
     proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "train_ar"], cwd=variant, env=cli_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    marker = variant / "checkpoints/train_ar/step-00000130/meta.json"
+    run_dir = variant / "checkpoints/train_ar" / Path(rep["checkpoints"]).name  # steps and checkpoint_every
+    marker = run_dir / "step-00000130/meta.json"  # change no number: the same run digest's folder
     deadline = time.monotonic() + 300
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -316,7 +330,7 @@ def test_train_ar_learns_writes_its_model_folder_and_resumes_after_a_kill(demo_r
     proc.wait()
     assert marker.exists()
     before_kill = {json.loads(line)["step"]: json.loads(line)["loss"]
-                   for line in (variant / "checkpoints/train_ar/history.jsonl").read_text().splitlines()}
+                   for line in (run_dir / "history.jsonl").read_text().splitlines()}
     repro(variant, "train_ar")
     rep = report(variant, "train_ar")
     assert rep["start_step"] == 130 and rep["steps_run"] == 20

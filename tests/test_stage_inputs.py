@@ -106,3 +106,69 @@ def test_the_weights_stage_sees_weights_replaced_at_the_same_path(tmp_path, monk
     assert weights.body(weights.prepare(params), _Run())["files_changed"] == 1
     vae = json.loads((tmp_path / "data/weights/encode_latents.json").read_text())["weights"]["vae"]
     assert vae == {"path": str(tmp_path / "no-vae"), "sha256": "missing"}
+
+
+@pytest.mark.parametrize("module", sorted(lineage.SPEED_ONLY))
+def test_each_speed_only_module_names_the_test_that_shows_it_changes_no_number(module):
+    path, name = lineage.SPEED_ONLY[module].split("::")
+    assert f"def {name}(" in (REPO / path).read_text(), lineage.SPEED_ONLY[module]
+    assert lineage._module_file(module) is not None
+
+
+def test_a_speed_only_edit_changes_no_code_digest_and_a_numeric_edit_does(tmp_path, monkeypatch):
+    pkg = tmp_path / "longlive_core"
+    pkg.mkdir()
+    (pkg / "trainer.py").write_text("from longlive_core import launch, maths\n")
+    (pkg / "launch.py").write_text("FAST = True\n")
+    (pkg / "maths.py").write_text("def f(x):\n    return 2 * x\n")
+    monkeypatch.setattr(lineage, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(lineage, "SPEED_ONLY", {"longlive_core.launch": "tests/x.py::test_x"})
+    first = lineage.code_digest("longlive_core.trainer")
+    (pkg / "launch.py").write_text("FAST = False\n")
+    assert lineage.code_digest("longlive_core.trainer") == first
+    (pkg / "maths.py").write_text("def f(x):\n    return 3 * x\n")
+    assert lineage.code_digest("longlive_core.trainer") != first
+
+
+def test_the_training_digests_cover_the_trainers_code_less_the_speed_only_modules():
+    for trainer in ("longlive_core.train.trainer", "longlive_core.distill.trainer"):
+        files = {p.as_posix() for p in code_closure(trainer)}
+        assert "longlive_core/train/loop.py" in files and "longlive_core/quant/linear.py" in files
+        assert not {"longlive_core/quant/triton_launch.py", "longlive_core/train/checkpointing.py"} & files
+
+
+def test_train_ars_run_digest_sees_the_sample_weights_and_numeric_code_only(tmp_path, monkeypatch):
+    """A bucket weight changes what is drawn: a new run digest; another column of samples.parquet does
+    not. An edit of training's maths is a new digest; an edit of a speed-only module is not."""
+    import shutil
+
+    import pandas as pd
+
+    from longlive_core.train.config import TrainARConfig
+    from tasks import train_ar
+
+    from .helpers.latent_cache import SMALL, make_cache
+
+    latents = make_cache(tmp_path / "data/latents", SMALL)
+    (tmp_path / "data/samples").mkdir(parents=True)
+    shutil.move(latents / "samples.parquet", tmp_path / "data/samples/samples.parquet")
+    for package in ("longlive_core", "tasks"):
+        shutil.copytree(REPO / package, tmp_path / "code" / package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(lineage, "REPO_ROOT", tmp_path / "code")
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainARConfig()
+    base = train_ar.digest_components(cfg)
+    samples = tmp_path / "data/samples/samples.parquet"
+    df = pd.read_parquet(samples)
+    df.assign(note="a column training never reads").to_parquet(samples, index=False)
+    assert train_ar.digest_components(cfg) == base
+    df.assign(sample_weight=[2.0] + [1.0] * (len(df) - 1)).to_parquet(samples, index=False)
+    changed = train_ar.digest_components(cfg)
+    assert {k for k in base if base[k] != changed[k]} == {"sample_weights"}
+    df.to_parquet(samples, index=False)
+    launch = tmp_path / "code/longlive_core/quant/triton_launch.py"
+    launch.write_text(launch.read_text() + "\nFASTER = True\n")
+    assert train_ar.digest_components(cfg) == base
+    flow = tmp_path / "code/longlive_core/train/flow.py"
+    flow.write_text(flow.read_text() + "\nSHIFT_FLOOR = 1e-3\n")
+    assert {k for k, v in train_ar.digest_components(cfg).items() if base[k] != v} == {"code"}

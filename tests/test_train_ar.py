@@ -1,6 +1,7 @@
-"""AR training under torchrun on the CPU (gloo): FSDP2 on 2 ranks equals 1 rank, exact resumption,
-the checkpoint digest's refusal, the NaN guard, and the NVFP4 recipe end to end. Several runs share
-one torchrun launch (tests/helpers/train_worker.py)."""
+"""AR training on the CPU: FSDP2 on 2 ranks equals 1 rank (under torchrun, gloo; several runs share
+one launch, tests/helpers/train_worker.py); in this process as one rank: exact resumption, checkpoints
+per run digest, a lowered step target, resumption across scheduling changes, the NaN guard, and the
+NVFP4 recipe end to end."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from longlive_core.config import from_mapping
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
+from longlive_core.train.checkpointing import read_history
+from longlive_core.train.config import TrainARConfig
+from longlive_core.train.trainer import Trainer, TrainInputs
 
 from .conftest import launch_worker
 from .helpers.latent_cache import SMALL, make_cache
@@ -62,51 +67,101 @@ def test_two_ranks_equal_one_rank_with_accumulation(tmp_path, latents):
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_resume_redoes_the_lost_step_exactly_and_other_runs_are_set_aside(tmp_path, latents):
+def trainer(latents: Path, checkpoints: Path, overrides: dict | None = None, run: str = "d") -> Trainer:
+    """A trainer of this pytest process (one gloo rank), as one rank of a torchrun job builds it."""
+    cfg = from_mapping(TrainARConfig, {**BASE, **(overrides or {})}, "train_ar")
+    return Trainer(cfg, TrainInputs(latents, latents / "samples.parquet", checkpoints, {"run": run, "code": "c"}))
+
+
+def train(latents: Path, checkpoints: Path, overrides: dict | None = None, stop_after: int | None = None,
+          run: str = "d") -> dict:
+    """A run's summary, with every metric it logged under "logged"."""
+    logged: list[dict] = []
+    summary = trainer(latents, checkpoints, overrides, run).run(
+        sink=lambda metrics, step: logged.append({"step": step, **metrics}), stop_after=stop_after)
+    return {**summary, "logged": logged}
+
+
+def test_resume_redoes_the_lost_step_exactly_from_the_run_digests_folder(tmp_path, latents, gloo_world):
     """A run stopped after step 3 (its checkpoint is step 2's) and started again redoes step 3 from
     the checkpoint with the loss the first run had there from its live state, bit for bit (the
-    end-to-end test kills a `dvc repro` and compares more steps). A checkpoint of another run
-    digest (other params, data, weights or layout) is set aside, never resumed."""
-    ckpt = str(tmp_path / "ckpt")
-    runs = launch(tmp_path, [{"name": "first", "latents": latents, "checkpoints": ckpt, "stop_after": 3},
-                             {"name": "second", "latents": latents, "checkpoints": ckpt},
-                             {"name": "other", "latents": latents, "checkpoints": ckpt, "digest": "other",
-                              "train_ar": {"steps": 1}}])
-    first, second, other = (runs[n]["summary"] for n in ("first", "second", "other"))
+    end-to-end test kills a `dvc repro` and compares more steps). Another run digest (other params,
+    data, weights, layout or code) starts fresh beside it, and the first run's checkpoints are still
+    found when it comes back."""
+    ckpt = tmp_path / "ckpt"
+    first = train(latents, ckpt, stop_after=3)
+    second = train(latents, ckpt)
     assert first["steps_run"] == 3 and second["start_step"] == 2  # step 3's work was lost with the stop
     before, after = first["logged"], second["logged"]
     assert [m["step"] for m in after] == [3, 4] and after[0]["loss"] == before[2]["loss"]
     assert after[0]["grad_norm"] == before[2]["grad_norm"]
-    assert other["start_step"] == 0 and "set aside" in other["resume"]
-    aside = Path(ckpt) / "set_aside" / "d"
-    assert sorted(p.name for p in aside.iterdir()) == ["history.jsonl", "step-00000002", "step-00000004"]
-    history = [json.loads(line) for line in (aside / "history.jsonl").read_text().splitlines()]
+    other = train(latents, ckpt, {"steps": 1}, run="other")
+    assert other["start_step"] == 0 and other["resume"] == "no checkpoint: starting fresh"
+    back = train(latents, ckpt)
+    assert back["start_step"] == 4 and back["steps_run"] == 0
+    run_dir = Path(back["checkpoints"])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["history.jsonl", "run.json", "step-00000002", "step-00000004"]
+    history = read_history(run_dir / "history.jsonl")
     assert [h["step"] for h in history] == [1, 2, 3, 4]
     assert [h["loss"] for h in history] == [m["loss"] for m in before[:2] + after]
 
 
+def test_a_lowered_step_target_exports_what_a_fresh_run_of_that_many_steps_exports(tmp_path, latents, gloo_world):
+    """steps 4 -> 2: the run resumes from its step-2 checkpoint, not the newer step 4, and exports the
+    2-step EMA; with no checkpoint at or before the target it starts fresh."""
+    ckpt = tmp_path / "ckpt"
+    train(latents, ckpt)
+    lowered = trainer(latents, ckpt, {"steps": 2})
+    summary = lowered.run()
+    assert (summary["start_step"], summary["steps_run"], summary["steps"]) == (2, 0, 2)
+    fresh = trainer(latents, tmp_path / "fresh", {"steps": 2}).run()
+    assert summary["ema_state"].keys() == fresh["ema_state"].keys()
+    assert all(torch.equal(summary["ema_state"][k], fresh["ema_state"][k]) for k in fresh["ema_state"])
+    one = train(latents, ckpt, {"steps": 1})
+    assert one["start_step"] == 0 and one["steps_run"] == 1 and "the newest is step 4" in one["resume"]
+
+
+def test_scheduling_changes_resume_and_the_lineage_records_each_range(tmp_path, latents, gloo_world):
+    """Activation checkpointing, compile and the SQNR logging cadence change no number a checkpoint
+    holds: a run resumes across them; the lineage lists which ran over which steps."""
+    cfg = from_mapping(TrainARConfig, BASE, "train_ar")
+    for change in ({"activation_checkpointing": "full"}, {"compile": True}, {"attention": "flex"},
+                   {"checkpoint_every": 1, "keep_runs": 3}, {"precision": {"sqnr_every": 7}}):
+        assert from_mapping(TrainARConfig, {**BASE, **change}, "train_ar").resume_params() == cfg.resume_params()
+    for change in ({"seed": 1}, {"optimizer": {"lr": 2e-3}}, {"precision": {"recipe": "nvfp4"}}):
+        assert from_mapping(TrainARConfig, {**BASE, **change}, "train_ar").resume_params() != cfg.resume_params()
+    ckpt = tmp_path / "ckpt"
+    train(latents, ckpt, {"steps": 2})
+    resumed = train(latents, ckpt, {"activation_checkpointing": "full"})
+    assert resumed["start_step"] == 2 and resumed["steps_run"] == 2
+    ranges = [(r["from_step"], r["to_step"], r["activation_checkpointing"]) for r in resumed["lineage"]]
+    assert ranges == [(0, 2, "none"), (2, 4, "full")]
+    assert all(r["torch"] == torch.__version__ and "git.commit" in r for r in resumed["lineage"])
+
+
 @pytest.fixture(scope="module")
-def guarded_and_nvfp4(tmp_path_factory, latents):
+def guarded_and_nvfp4(tmp_path_factory, latents, gloo_world):
     tmp = tmp_path_factory.mktemp("train")
     poisoned = make_cache(tmp / "poisoned", {"x": ("train", [4]), "v": ("val", [4])}, nan_in="x")
-    return launch(tmp, [{"name": "nan", "latents": poisoned, "train_ar": {"steps": 2, "val_every": 0}},
-                        {"name": "fp4", "latents": latents,
-                         "train_ar": {"steps": 3, "precision": {"recipe": "nvfp4", "sqnr_every": 2,
-                                                                "forward_bf16_from_step": 2}}}])
+    nan = trainer(poisoned, tmp / "nan", {"steps": 2, "val_every": 0}).run()
+    fp4 = train(latents, tmp / "fp4", {"steps": 3, "precision": {"recipe": "nvfp4", "sqnr_every": 2,
+                                                                  "forward_bf16_from_step": 2}})
+    return {"nan": nan, "fp4": fp4}
 
 
 def test_non_finite_steps_are_skipped_and_never_touch_the_weights(guarded_and_nvfp4):
-    result = guarded_and_nvfp4["nan"]
-    assert result["summary"]["skipped_steps"] == 2
-    assert all(m["skipped_steps"] == i + 1 for i, m in enumerate(result["summary"]["logged"]))
+    summary = guarded_and_nvfp4["nan"]
+    assert summary["skipped_steps"] == 2
+    history = read_history(Path(summary["checkpoints"]) / "history.jsonl")
+    assert [m["skipped_steps"] for m in history] == [1, 2]
     torch.manual_seed(0)  # init tiny, init_seed 0: the EMA is still the starting weights
     init = WanDiT(DIT_CONFIGS["tiny"]).state_dict()
-    ema = load_file(result["out"] / "ema.safetensors")
+    ema = summary["ema_state"]
     assert all(torch.equal(ema[k], init[k].float()) for k in init)
 
 
 def test_nvfp4_recipe_trains_the_tiny_model_and_logs_sqnr(guarded_and_nvfp4):
-    s = guarded_and_nvfp4["fp4"]["summary"]
+    s = guarded_and_nvfp4["fp4"]
     assert s["conversion"].startswith("recipe nvfp4: ") and " 0 linear layers converted" not in s["conversion"]
     logged = s["logged"]
     assert all(math.isfinite(m["loss"]) for m in logged) and s["skipped_steps"] == 0
@@ -115,3 +170,5 @@ def test_nvfp4_recipe_trains_the_tiny_model_and_logs_sqnr(guarded_and_nvfp4):
     assert all(math.isfinite(v) and v > 5 for v in sqnr.values())
     # step 3 (index 2) runs the forward GEMMs in BF16: its probe measures no quantized input
     assert not any(k.endswith("/input") for k in logged[2]) and any(k.endswith("/input") for k in logged[0])
+    history = read_history(Path(s["checkpoints"]) / "history.jsonl")
+    assert not any("/" in k for h in history for k in h)  # per-layer detail in MLflow only

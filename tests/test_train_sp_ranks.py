@@ -72,9 +72,11 @@ def test_sp_with_fsdp_over_two_by_two_ranks_equals_one_rank_accumulating(runs):
 
 def test_nvfp4_forward_matches_with_amaxes_reduced_over_the_sp_group(runs):
     """Round-to-nearest forward GEMMs: the loss equals one rank's (the backward's stochastic rounding
-    differs by design, so gradients are not compared)."""
+    differs by design, so gradients are not compared). Each rank's GEMMs run other token counts, so
+    float32 sums may round apart and flip a value lying on an FP4 boundary to its neighbour on one
+    machine and not another: 1e-5, a tenth of how far the float model's loss is from NVFP4's."""
     one, split = runs[1]["fp4"]["summary"]["loss_sum"], runs[2]["fp4"]["summary"]["loss_sum"]
-    assert split == pytest.approx(one, rel=1e-6)
+    assert split == pytest.approx(one, rel=1e-5)
     assert abs(split - runs[2]["g"]["summary"]["loss_sum"]) > 1e-4 * split  # and it is not the float model's
 
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from longlive_core.config import ConfigError
+from longlive_core.config import ConfigError, flat_section, without_keys
 from longlive_core.infer.rollout import RolloutConfig
 from longlive_core.quant.recipe import RECIPES
-from longlive_core.train.config import OptimizerConfig
+from longlive_core.train.config import CheckpointConfig, OptimizerConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,16 +49,15 @@ class DistillDMDConfig:
     sp: int = 1  # Balanced sequence parallelism: ranks (of one node) that distil one prompt together
     sharding: str = "full"  # full | hybrid (across nodes)
     device: str = "auto"
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 2
+    checkpoint: CheckpointConfig = flat_section(CheckpointConfig())
     log_every: int = 1
 
-    RESUMABLE_ACROSS = ("steps", "stats_every", "stats_samples", "teacher_steps", "memory_comparison",
-                        "checkpoint_every", "keep_checkpoints", "log_every", "device")
+    RESUMABLE_ACROSS = ("steps", "stats_every", "stats_samples", "teacher_steps", "memory_comparison", "checkpoint",
+                        "log_every", "device", "activation_checkpointing")
 
     def validate(self, where: str) -> None:
-        for key in ("steps", "generator_every", "latent_frames", "grad_frames", "nnodes", "nproc",
-                    "checkpoint_every", "keep_checkpoints", "log_every", "teacher_steps"):
+        for key in ("steps", "generator_every", "latent_frames", "grad_frames", "nnodes", "nproc", "log_every",
+                    "teacher_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}.{key} must be at least 1; got {getattr(self, key)}")
         try:
@@ -111,5 +110,5 @@ class DistillDMDConfig:
         return self.world_size // self.sp
 
     def resume_params(self) -> dict:
-        d = dataclasses.asdict(self)
-        return {k: v for k, v in d.items() if k not in self.RESUMABLE_ACROSS}
+        """What a checkpoint must have been distilled with to be resumed."""
+        return without_keys(self, self.RESUMABLE_ACROSS)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -44,11 +43,11 @@ from longlive_core.latents.files import EMPTY_PROMPT
 from longlive_core.models.checkpoint import load_dit, read_model_config
 from longlive_core.models.config import dit_config
 from longlive_core.models.wan_dit import WanDiT
-from longlive_core.progress import Progress
 from longlive_core.train.checkpointing import CheckpointStore, agree
 from longlive_core.train.data import LatentSamples, TrainSample, generator_for
 from longlive_core.train.flow import FlowMatching
 from longlive_core.train.forward import layout_of, teacher_forcing_velocity
+from longlive_core.train.loop import LoopSettings, MetricsSink, run_steps
 from longlive_core.train.parallelize import (
     apply_activation_checkpointing,
     apply_fsdp,
@@ -56,9 +55,10 @@ from longlive_core.train.parallelize import (
     device_mesh,
     sequence_groups,
 )
-from longlive_core.train.trainer import MetricsSink, peak_memory_mb, sum_over_ranks
+from longlive_core.train.trainer import peak_memory_mb, sum_over_ranks
 
 log = logging.getLogger(__name__)
+STAGE = "distill_dmd"
 EVAL_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)  # where on the score's timestep schedule the critic is evaluated
 
 
@@ -66,8 +66,8 @@ EVAL_QUANTILES = (0.1, 0.3, 0.5, 0.7, 0.9)  # where on the score's timestep sche
 class DistillInputs:
     ar_model: Path  # models/ar: the weights and config.json
     latents: Path  # data/latents: the prompts' caption embeddings and the empty prompt's
-    checkpoints: Path
-    digest: str  # what a checkpoint must match to be resumed
+    checkpoints: Path  # checkpoints/distill_dmd: a folder per run digest
+    digest_components: dict[str, str] | None  # what a checkpoint must match to be resumed (rank 0's; None elsewhere)
 
 
 @dataclasses.dataclass
@@ -160,8 +160,8 @@ class DMDTrainer:
         self.critic_opt = adamw(self.roles.critic_params(), cfg.critic_optimizer)
         self.generator_opt = adamw(self.roles.generator_params(), cfg.generator_optimizer)
         self.optimizers = (self.critic_opt, self.generator_opt)
-        self.store = CheckpointStore(inputs.checkpoints, inputs.digest, cfg.keep_checkpoints,
-                                     self.roles.is_checkpointed)
+        self.store = CheckpointStore(inputs.checkpoints, cfg.checkpoint.keep_checkpoints, cfg.checkpoint.keep_runs,
+                                     inputs.digest_components, self.roles.is_checkpointed)
 
     # ------------------------------------------------------------------ draws
     def _prompt(self, data: LatentSamples, key: tuple, sample_id: str | None = None) -> Prompt:
@@ -346,59 +346,50 @@ class DMDTrainer:
         return out
 
     # ------------------------------------------------------------------ the run
+    def after_step(self, done: int, seconds: float, metrics: dict[str, float]) -> dict[str, float]:
+        """The step's time and peak memory; the latent statistics every ``stats_every`` steps, at the
+        first (where the critic and the generator started) and at the last."""
+        cfg = self.cfg
+        out = {**metrics, "step_s": seconds, "peak_memory_mb": peak_memory_mb(self.device)}
+        if cfg.stats_every and cfg.stats_samples and (done % cfg.stats_every == 0 or done in (1, cfg.steps)):
+            out.update(self.latent_stats())
+            self.critic_eval.append(out["critic_eval_loss"])
+        self.critic_losses.append(out["critic_loss"])
+        self.last_metrics = out
+        return out
+
+    def checkpointed(self) -> tuple:
+        return self.roles.checkpointed, self.optimizers, {}
+
+    def rank_state(self) -> None:
+        return None
+
+    def load_rank_state(self, tensors: dict) -> None:
+        raise AssertionError("distillation keeps no per-rank state")
+
+    def schedule(self) -> dict:
+        return {"activation_checkpointing": self.cfg.activation_checkpointing, "device": self.device.type}
+
     def run(self, sink: MetricsSink | None = None, stop_after: int | None = None) -> dict:
-        """Distils from the newest matching checkpoint to ``cfg.steps``; returns the summary and (on
-        rank 0) the generator's adapter under ``"adapter_state"`` (LoRA roles)."""
-        cfg, rank, store = self.cfg, self.rank, self.store
-        start, why = agree(store.resume_step() if rank == 0 else None)
-        log.info("distill_dmd: %s", why)
-        skipped = 0
-        if start:
-            store.load(start, self.roles.checkpointed, self.optimizers, {})
-            skipped = int(store.meta(start).get("skipped_steps", 0))
-        last = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
-        progress = Progress(log, "distill_dmd", max(0, last - start), "steps") if rank == 0 else None
-        history = store.history.open("a") if rank == 0 else None
-        critic_losses: list[float] = []
-        critic_eval: list[float] = []
-        metrics: dict[str, float] = {}
-        try:
-            for step in range(start, last):
-                t0 = time.perf_counter()
-                torch.manual_seed(generator_for(cfg.seed, "rng", step, rank).initial_seed())  # stochastic rounding
-                metrics = self.train_step(step)
-                skipped += int(metrics.pop("skipped"))
-                done = step + 1
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                metrics.update({"step_s": time.perf_counter() - t0, "peak_memory_mb": peak_memory_mb(self.device),
-                                "skipped_steps": skipped})
-                # at the first step too: where the critic and the generator started
-                if cfg.stats_every and cfg.stats_samples and (done % cfg.stats_every == 0 or done in (1, cfg.steps)):
-                    metrics.update(self.latent_stats())
-                    critic_eval.append(metrics["critic_eval_loss"])
-                critic_losses.append(metrics["critic_loss"])
-                if rank == 0:
-                    history.write(json.dumps({"step": done, **metrics}) + "\n")
-                    history.flush()
-                    if sink is not None and (done % cfg.log_every == 0 or done == last):
-                        sink(metrics, done)
-                    progress.advance()
-                if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-                    store.save(done, self.roles.checkpointed, self.optimizers, {}, {"skipped_steps": skipped})
-        finally:
-            if history is not None:
-                history.close()
-        summary: dict = {"start_step": start, "resume": why, "steps": last, "steps_run": max(0, last - start),
-                         "skipped_steps": skipped, "conversion": self.roles.conversion.summary(),
-                         "prompts_train": len(self.prompts), "peak_memory_mb": peak_memory_mb(self.device),
-                         **{k: v for k, v in metrics.items() if k.startswith("latent_")}}
-        if critic_losses:
-            head = critic_losses[: max(1, len(critic_losses) // 5)]
-            tail = critic_losses[-max(1, len(critic_losses) // 5):]
+        """Distils from the newest intact checkpoint of this run digest at or before ``cfg.steps`` to
+        ``cfg.steps`` (``loop.run_steps``); returns the summary and (on rank 0) the generator's adapter
+        under ``"adapter_state"`` (LoRA roles)."""
+        cfg = self.cfg
+        self.critic_losses: list[float] = []
+        self.critic_eval: list[float] = []
+        self.last_metrics: dict[str, float] = {}
+        summary = run_steps(self, LoopSettings(STAGE, cfg.steps, cfg.seed, cfg.log_every, cfg.checkpoint), sink,
+                            stop_after)
+        summary.update({"conversion": self.roles.conversion.summary(), "prompts_train": len(self.prompts),
+                        "peak_memory_mb": peak_memory_mb(self.device),
+                        **{k: v for k, v in self.last_metrics.items() if k.startswith("latent_")}})
+        losses = self.critic_losses
+        if losses:
+            head, tail = losses[: max(1, len(losses) // 5)], losses[-max(1, len(losses) // 5):]
             summary.update({"critic_loss_first": sum(head) / len(head), "critic_loss_last": sum(tail) / len(tail)})
-        if critic_eval:
-            summary.update({"critic_eval_loss_first": critic_eval[0], "critic_eval_loss_last": critic_eval[-1]})
+        if self.critic_eval:
+            summary.update({"critic_eval_loss_first": self.critic_eval[0],
+                            "critic_eval_loss_last": self.critic_eval[-1]})
         if isinstance(self.roles, LoRARoles):
             summary["adapter_state"] = self.roles.generator_adapter()
         return summary

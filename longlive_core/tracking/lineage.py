@@ -42,6 +42,20 @@ def git_describe(repo_root: str | Path = ".") -> str:
     return out.stdout.strip() + ("-dirty" if git_state(repo_root)["git.dirty"] == "true" else "")
 
 
+def runtime_versions() -> dict[str, str]:
+    """The versions of what turns the code into numbers: torch (and its CUDA), Triton where installed."""
+    import torch
+
+    versions = {"torch": torch.__version__, "cuda": str(torch.version.cuda)}
+    try:
+        import triton
+    except ImportError:
+        versions["triton"] = "none"
+    else:
+        versions["triton"] = triton.__version__
+    return versions
+
+
 def dvc_out_hashes(lock_path: str | Path, stages: Iterable[str]) -> dict[str, str]:
     """{output path: its md5 in dvc.lock} for the outputs of ``stages`` (what DVC knows them by)."""
     import yaml
@@ -76,7 +90,19 @@ def digest_file(path: str | Path) -> str:
 RECORD_KEEPING = frozenset({
     "longlive_core.config", "longlive_core.progress", "longlive_core.io.atomic", "longlive_core.parallel",
     "longlive_core.tracking.lineage", "longlive_core.tracking.mlflow_run", "tasks.stage",
+    "longlive_core.train.flops",  # FLOPs and MFU: logged numbers only
 })
+# Modules that change how fast the math runs, or how its state is kept between runs, never a number
+# it computes: not part of any stage's code either (a launcher edit does not retrain the model). A
+# module joins only with the test that shows it bit-identical to a reference path, named here
+# (tests/test_stage_inputs.py checks that each test exists).
+SPEED_ONLY = {
+    "longlive_core.quant.triton_launch":  # the cached launch picks the very kernel Triton's own launch picks
+        "tests/test_quant_triton.py::test_cached_launch_picks_the_kernel_triton_picks_on_the_gpu",
+    "longlive_core.train.checkpointing":  # a resumed run's losses are an uninterrupted run's, bit for bit
+        "tests/test_train_ar.py::test_resume_redoes_the_lost_step_exactly_from_the_run_digests_folder",
+}
+CODE = "code"  # the run digest's component of the numeric code: what `resume: force` lets differ
 PACKAGES = ("longlive_core", "tasks")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,13 +139,13 @@ def _imports(path: Path, module: str) -> set[str]:
 
 def code_closure(module: str) -> list[Path]:
     """The project's source files ``module`` runs: itself and what it imports, transitively, with
-    their packages' __init__ files, less the record-keeping modules and files with no code (paths
-    relative to the repository)."""
+    their packages' __init__ files, less the record-keeping and speed-only modules and files with no
+    code (paths relative to the repository)."""
     seen: set[str] = set()
     todo = [module]
     while todo:
         name = todo.pop()
-        if name in seen or name in RECORD_KEEPING:
+        if name in seen or name in RECORD_KEEPING or name in SPEED_ONLY:
             continue
         seen.add(name)
         parts = name.split(".")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from longlive_core.config import ConfigError
+from longlive_core.config import ConfigError, flat_section, without_keys
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.quant.recipe import DEFAULT_SKIP, RECIPES
 from longlive_core.train.error_recycling import ErrorRecyclingConfig
@@ -22,6 +22,23 @@ class OptimizerConfig:
             raise ConfigError(f"{where}: lr must be > 0 and betas two numbers in [0, 1); got {self.lr}, {self.betas}")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ConfigError(f"{where}: grad_clip and weight_decay must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints of a training stage (train_ar, distill_dmd); its keys sit at the stage's level."""
+
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2  # the newest N of a run digest
+    keep_runs: int = 2  # the run digests kept, the most recently used: a params typo reverted finds its run
+    resume: str = "auto"  # auto: this digest's checkpoints | force: also across a numeric-code change (logged)
+
+    def validate(self, where: str) -> None:
+        for key in ("checkpoint_every", "keep_checkpoints", "keep_runs"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{where}.{key} must be at least 1; got {getattr(self, key)}")
+        if self.resume not in ("auto", "force"):
+            raise ConfigError(f"{where}.resume must be auto or force; got {self.resume!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,21 +99,21 @@ class TrainARConfig:
     device: str = "auto"
     val_every: int = 50  # validation loss every N steps (and at the last); 0: never
     val_samples: int = 8  # the first N val-split samples, at fixed timesteps and noise
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 2
+    checkpoint: CheckpointConfig = flat_section(CheckpointConfig())
     log_every: int = 1
     peak_tflops: float | None = None  # MFU's denominator; null: the device's dense BF16 datasheet figure
     export_dtype: str = "bfloat16"  # the EMA weights written to models/ar/
 
-    # params that change nothing a checkpoint holds: a run may resume across a change of these
-    RESUMABLE_ACROSS = ("steps", "val_every", "val_samples", "checkpoint_every", "keep_checkpoints", "log_every",
-                        "peak_tflops", "export_dtype", "device", "attention")
+    # what changes no number a checkpoint holds, only how the same math is scheduled, logged or kept
+    # (the lineage records the schedule of each step range): a run resumes across a change of these
+    RESUMABLE_ACROSS = ("steps", "val_every", "val_samples", "checkpoint", "log_every", "peak_tflops", "export_dtype",
+                        "device", "attention", "activation_checkpointing", "compile", "precision.sqnr_every")
 
     def validate(self, where: str) -> None:
         if self.model not in DIT_CONFIGS:
             raise ConfigError(f"{where}.model must be one of {', '.join(DIT_CONFIGS)}; got {self.model!r}")
         positive = ("steps", "grad_accum", "chunk_frames", "max_latent_frames", "num_train_timesteps", "nnodes",
-                    "nproc", "checkpoint_every", "keep_checkpoints", "log_every")
+                    "nproc", "log_every")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}.{key} must be at least 1; got {getattr(self, key)}")
@@ -151,5 +168,4 @@ class TrainARConfig:
 
     def resume_params(self) -> dict:
         """What a checkpoint must have been trained with to be resumed."""
-        d = dataclasses.asdict(self)
-        return {k: v for k, v in d.items() if k not in self.RESUMABLE_ACROSS}
+        return without_keys(self, self.RESUMABLE_ACROSS)

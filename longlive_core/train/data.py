@@ -32,6 +32,13 @@ def generator_for(seed: int, *key: object) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
+def sample_weights(samples: str | Path) -> dict[str, float]:
+    """``sample_id -> sample_weight`` of samples.parquet: how often training draws each sample (the
+    duration buckets' weights). This map, not the whole file, is what training reads of it."""
+    df = pd.read_parquet(samples, columns=["sample_id", "sample_weight"])
+    return dict(zip(df["sample_id"], df["sample_weight"].astype(float)))
+
+
 @dataclasses.dataclass
 class TrainSample:
     sample_id: str

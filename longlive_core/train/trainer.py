@@ -12,16 +12,12 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import resource
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -29,18 +25,18 @@ import torch.nn.functional as F
 from longlive_core.config import ConfigError
 from longlive_core.devices import pick_device
 from longlive_core.models.wan_dit import WanDiT
-from longlive_core.progress import Progress
 from longlive_core.quant.numerics import record_sqnr
 from longlive_core.quant.recipe import set_forward_high_precision
-from longlive_core.train.checkpointing import CheckpointStore, agree
+from longlive_core.train.checkpointing import CheckpointStore
 from longlive_core.train.config import TrainARConfig
-from longlive_core.train.data import LatentSamples, TrainSample, generator_for
+from longlive_core.train.data import LatentSamples, TrainSample, generator_for, sample_weights
 from longlive_core.train.ema import EMA
 from longlive_core.train.error_recycling import ErrorRecycler, InjectionDraws
 from longlive_core.train.flops import peak_tflops, step_flops
 from longlive_core.train.flow import FlowMatching
 from longlive_core.train.forward import layout_of, teacher_forcing_velocity
 from longlive_core.train.layout import TeacherForcingLayout
+from longlive_core.train.loop import LoopSettings, MetricsSink, run_steps
 from longlive_core.train.parallelize import (
     apply_activation_checkpointing,
     apply_attention,
@@ -58,15 +54,15 @@ if TYPE_CHECKING:  # the online source needs PyAV and OpenCV, which GPU images m
     from longlive_core.train.online_latents import OnlineSource
 
 log = logging.getLogger(__name__)
-MetricsSink = Callable[[dict, int], None]  # (metrics, step): rank 0's MLflow logging
+STAGE = "train_ar"
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainInputs:
     latents: Path  # data/latents: index.parquet + shards/
     samples: Path  # data/samples/samples.parquet: the bucket weights
-    checkpoints: Path
-    digest: str  # what a checkpoint must match to be resumed
+    checkpoints: Path  # checkpoints/train_ar: a folder per run digest
+    digest_components: dict[str, str] | None  # what a checkpoint must match to be resumed (rank 0's; None elsewhere)
     online: OnlineSource | None = None  # train_ar.latent_source online: the clips and the encoder
 
 
@@ -191,14 +187,13 @@ class Trainer:
         self.device = pick_device(cfg.device, "train_ar.device")
         self.dtype = getattr(torch, cfg.precision.param_dtype)
         self.flow = FlowMatching(cfg.num_train_timesteps, cfg.timestep_shift)
-        weights = pd.read_parquet(inputs.samples, columns=["sample_id", "sample_weight"])
         align = cfg.chunk_frames * cfg.sp  # every SP rank holds whole chunks
         if cfg.latent_source == "online" and inputs.online is None:
             raise ConfigError("train_ar.latent_source online needs the clips and the encoder's settings "
                               "(TrainInputs.online)")
         self.online = inputs.online.open(self.device) if cfg.latent_source == "online" else None
         self.train_set = LatentSamples(inputs.latents, "train", cfg.chunk_frames, cfg.shot_rope_offset,
-                                       dict(zip(weights["sample_id"], weights["sample_weight"])), align, self.online)
+                                       sample_weights(inputs.samples), align, self.online)
         self.val_set = LatentSamples(inputs.latents, "val", cfg.chunk_frames, cfg.shot_rope_offset, align=align,
                                      online=self.online)
         if not len(self.train_set) or float(self.train_set.weights.sum()) <= 0:
@@ -223,7 +218,8 @@ class Trainer:
                                            weight_decay=o.weight_decay, eps=o.eps,
                                            fused=self.device.type == "cuda")  # one kernel per step on GPUs
         self.ema = EMA(model, cfg.ema.decay, cfg.ema.start_step)
-        self.store = CheckpointStore(inputs.checkpoints, inputs.digest, cfg.keep_checkpoints)
+        self.store = CheckpointStore(inputs.checkpoints, cfg.checkpoint.keep_checkpoints, cfg.checkpoint.keep_runs,
+                                     inputs.digest_components)
         er = cfg.error_recycling
         self.recycler = (ErrorRecycler(er, self.shard.rank, cfg.sp, cfg.num_train_timesteps, dp_group)
                          if er.enabled else None)
@@ -271,13 +267,18 @@ class Trainer:
             tokens += 2 * layout.frames * layout.tokens_per_frame / sp
         return loss_sum, flops, tokens
 
-    def train_step(self, step: int) -> tuple[float, float, float, float]:
+    def train_step(self, step: int) -> dict[str, float]:
         """One optimizer step (or, when the loss or gradient norm is not finite, none: the guard leaves
-        the weights, the optimizer and the EMA as they were). Returns the global (loss, grad norm,
-        FLOPs, tokens)."""
-        o = self.cfg.optimizer
-        loss_sum, flops, tokens = self.accumulate(step)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), o.grad_clip if o.grad_clip else math.inf)
+        the weights, the optimizer and the EMA as they were): the global loss and grad norm, the step's
+        FLOPs and tokens, "skipped", and every SQNR probe of a probed step."""
+        cfg, o = self.cfg, self.cfg.optimizer
+        if cfg.precision.forward_bf16_from_step is not None:
+            set_forward_high_precision(self.model, step >= cfg.precision.forward_bf16_from_step)
+        probe = cfg.precision.recipe != "bf16" and cfg.precision.sqnr_every and step % cfg.precision.sqnr_every == 0
+        with record_sqnr(self.model) if probe else contextlib.nullcontext() as sqnr:
+            loss_sum, flops, tokens = self.accumulate(step)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                       o.grad_clip if o.grad_clip else math.inf)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         counts = self._recycling_counts()
         loss_sum, flops, tokens, *counts = sum_over_ranks([loss_sum, flops, tokens, *counts], self.device)
@@ -287,12 +288,15 @@ class Trainer:
             self.optimizer.step()
             self.ema.update(self.model, step)
         self.optimizer.zero_grad(set_to_none=True)
+        metrics = {"loss": loss, "grad_norm": grad_norm, "flops": flops, "tokens": tokens, "skipped": int(not finite)}
         if self.recycler is not None:
             self.recycler.commit(step, store=finite)
             entries, capacity, context, latent, noise = counts
-            self.recycling = {"error_buffer_fill": entries / capacity, "injected_context": context,
-                              "injected_latent": latent, "injected_noise": noise}
-        return loss, grad_norm, flops, tokens
+            metrics.update({"error_buffer_fill": entries / capacity, "injected_context": context,
+                            "injected_latent": latent, "injected_noise": noise})
+        if sqnr is not None:
+            metrics.update(sqnr.flat())
+        return metrics
 
     def _recycling_counts(self) -> list[float]:
         """This rank's (stored errors, capacity, injections of each kind) of the step, or nothing."""
@@ -303,74 +307,50 @@ class Trainer:
         return [len(r.latent) + len(r.noise), r.latent.total_capacity + r.noise.total_capacity,
                 injected["context"], injected["latent"], injected["noise"]]
 
+    def after_step(self, done: int, seconds: float, metrics: dict[str, float]) -> dict[str, float]:
+        """Throughput and MFU from the step's time, the learning rate, peak memory, and the validation
+        loss every ``val_every`` steps and at the last."""
+        cfg = self.cfg
+        flops, tokens = metrics.pop("flops"), metrics.pop("tokens")
+        out = {**metrics, "lr": cfg.optimizer.lr, "tokens_per_s": tokens / seconds, "step_s": seconds,
+               "tflops": flops / seconds / 1e12, "peak_memory_mb": peak_memory_mb(self.device)}
+        if self.peak:
+            out["mfu"] = flops / seconds / 1e12 / (self.peak * self.world)
+        if cfg.val_every and (done % cfg.val_every == 0 or done == cfg.steps):
+            self.val_loss = validate(self.model, self.val_set, cfg, self.flow, self.device, self.dtype, self.shard)
+            if self.val_loss is not None:
+                out["val_loss"] = self.val_loss
+        self.last_loss = metrics["loss"]
+        return out
+
+    def checkpointed(self) -> tuple:
+        return self.model, self.optimizer, {"ema": self.ema.shadow}
+
+    def rank_state(self) -> dict[str, torch.Tensor] | None:
+        return None if self.recycler is None else self.recycler.state_dict()
+
+    def load_rank_state(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.recycler.load_state_dict(tensors)
+
+    def schedule(self) -> dict:
+        cfg = self.cfg
+        return {"activation_checkpointing": cfg.activation_checkpointing, "compile": cfg.compile,
+                "attention": cfg.attention, "device": self.device.type}
+
     def run(self, sink: MetricsSink | None = None, stop_after: int | None = None) -> dict:
-        """Trains from the newest matching checkpoint to ``cfg.steps``; returns the summary and (on
-        rank 0) the EMA weights under ``"ema_state"``. ``stop_after`` ends the run after that step,
-        as a kill after a checkpoint would (for tests of resumption)."""
-        cfg, o, rank, world, device = self.cfg, self.cfg.optimizer, self.rank, self.world, self.device
-        model, ema, store = self.model, self.ema, self.store
-        start, why = agree(store.resume_step() if rank == 0 else None)
-        log.info("train_ar: %s", why)
-        skipped = 0
-        if start:
-            store.load(start, model, self.optimizer, {"ema": ema.shadow})
-            skipped = int(store.meta(start).get("skipped_steps", 0))
-            if self.recycler is not None:
-                self.recycler.load_state_dict(store.load_rank_state(start))
-        peak, peak_name = peak_tflops(device, cfg.peak_tflops)
-        last = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
-        progress = Progress(log, "train_ar", max(0, last - start), "steps") if rank == 0 else None
-        history = store.history.open("a") if rank == 0 else None
-        summary: dict = {"start_step": start, "resume": why, "conversion": self.conversion.summary(),
-                         "mfu_denominator": peak_name, "samples_train": len(self.train_set),
-                         "samples_val": len(self.val_set),
-                         "samples_too_short": self.train_set.too_short + self.val_set.too_short}
-        loss_value = val_loss = None
-        try:
-            for step in range(start, last):
-                t0 = time.perf_counter()
-                torch.manual_seed(generator_for(cfg.seed, "rng", step, rank).initial_seed())  # stochastic rounding
-                if cfg.precision.forward_bf16_from_step is not None:
-                    set_forward_high_precision(model, step >= cfg.precision.forward_bf16_from_step)
-                probe = (cfg.precision.recipe != "bf16" and cfg.precision.sqnr_every
-                         and step % cfg.precision.sqnr_every == 0)
-                with record_sqnr(model) if probe else contextlib.nullcontext() as sqnr:
-                    loss_value, grad_norm, flops, tokens = self.train_step(step)
-                if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
-                    skipped += 1
-                    log.warning("train_ar: step %d skipped: loss %s, grad norm %s", step + 1, loss_value, grad_norm)
-                done = step + 1
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                dt = time.perf_counter() - t0
-                val_now = bool(cfg.val_every) and (done % cfg.val_every == 0 or done == cfg.steps)
-                if val_now:
-                    val_loss = validate(model, self.val_set, cfg, self.flow, device, self.dtype, self.shard)
-                metrics = {"loss": loss_value, "grad_norm": grad_norm, "lr": o.lr, "tokens_per_s": tokens / dt,
-                           "step_s": dt, "tflops": flops / dt / 1e12, "peak_memory_mb": peak_memory_mb(device),
-                           "skipped_steps": skipped, **self.recycling}
-                if peak:
-                    metrics["mfu"] = flops / dt / 1e12 / (peak * world)
-                if val_now and val_loss is not None:
-                    metrics["val_loss"] = val_loss
-                if sqnr is not None:
-                    metrics.update(sqnr.flat())
-                if rank == 0:
-                    history.write(json.dumps({"step": done, **{k: v for k, v in metrics.items()
-                                                                if not k.startswith("sqnr/")}}) + "\n")
-                    history.flush()
-                    if sink is not None and (done % cfg.log_every == 0 or done == last):
-                        sink(metrics, done)
-                    progress.advance()
-                if done % cfg.checkpoint_every == 0 or done == cfg.steps:
-                    store.save(done, model, self.optimizer, {"ema": ema.shadow}, {"skipped_steps": skipped},
-                               None if self.recycler is None else self.recycler.state_dict())
-        finally:
-            if history is not None:
-                history.close()
-        summary.update({"steps": last, "steps_run": max(0, last - start), "skipped_steps": skipped,
-                        "final_loss": loss_value, "final_val_loss": val_loss})
-        summary["ema_state"] = ema.full_state_dict(keep=rank == 0)
+        """Trains from the newest intact checkpoint of this run digest at or before ``cfg.steps`` to
+        ``cfg.steps`` (``loop.run_steps``); returns the summary and (on rank 0) the EMA weights under
+        ``"ema_state"``."""
+        cfg = self.cfg
+        self.peak, peak_name = peak_tflops(self.device, cfg.peak_tflops)
+        self.last_loss = self.val_loss = None
+        summary = run_steps(self, LoopSettings(STAGE, cfg.steps, cfg.seed, cfg.log_every, cfg.checkpoint), sink,
+                            stop_after)
+        summary.update({"conversion": self.conversion.summary(), "mfu_denominator": peak_name,
+                        "samples_train": len(self.train_set), "samples_val": len(self.val_set),
+                        "samples_too_short": self.train_set.too_short + self.val_set.too_short,
+                        "final_loss": self.last_loss, "final_val_loss": self.val_loss})
+        summary["ema_state"] = self.ema.full_state_dict(keep=self.rank == 0)
         return summary
 
 

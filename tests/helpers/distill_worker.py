@@ -43,8 +43,9 @@ def gradients(trainer: DMDTrainer, out: Path) -> None:
 
 def run_one(spec: dict, out: Path) -> None:
     cfg = from_mapping(DistillDMDConfig, spec["distill_dmd"], "distill_dmd")
-    trainer = DMDTrainer(cfg, DistillInputs(Path(spec["ar_model"]), Path(spec["latents"]), Path(spec["checkpoints"]),
-                                            spec.get("digest", "d")), full_weights=spec.get("full_weights", False))
+    inputs = DistillInputs(Path(spec["ar_model"]), Path(spec["latents"]), Path(spec["checkpoints"]),
+                           {"run": spec.get("digest", "d")})
+    trainer = DMDTrainer(cfg, inputs, full_weights=spec.get("full_weights", False))
     if spec.get("gradients"):
         gradients(trainer, out)
         return

@@ -28,7 +28,7 @@ def run_one(spec: dict, out: Path) -> None:
     cfg = from_mapping(TrainARConfig, spec["train_ar"], "train_ar")
     latents = Path(spec["latents"])
     trainer = Trainer(cfg, TrainInputs(latents, latents / "samples.parquet", Path(spec["checkpoints"]),
-                                       spec.get("digest", "d")))
+                                       {"run": spec.get("digest", "d")}))
     rank0 = dist.get_rank() == 0
     if rank0:
         out.mkdir(parents=True, exist_ok=True)
