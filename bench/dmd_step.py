@@ -42,8 +42,17 @@ H, W, TEXT_TOKENS = 44, 80, 512
 def make_inputs(root: Path, frames: int, blocks: int) -> tuple[Path, Path]:
     """A latent cache of one train and one val sample, and a models/ar folder's config.json (the weights
     themselves are made on the GPU: see ``random_dit``)."""
-    from longlive_core.io.atomic import write_json
     from longlive_core.latents.files import EMPTY_PROMPT
+    from longlive_core.models.folder import (
+        DiTFolder,
+        Encoder,
+        LatentGeometry,
+        MultiShot,
+        PrecisionRules,
+        Sampling,
+        VideoFormat,
+        write_config,
+    )
     from longlive_core.quant.recipe import DEFAULT_SKIP
 
     latents, ar = root / "latents", root / "ar"
@@ -59,10 +68,12 @@ def make_inputs(root: Path, frames: int, blocks: int) -> tuple[Path, Path]:
     save_file(tensors, str(latents / "shards/shard-00000.safetensors"))
     save_file({"text": torch.randn(TEXT_TOKENS, 4096, generator=g)}, str(latents / EMPTY_PROMPT))
     pd.DataFrame(rows).to_parquet(latents / "index.parquet", index=False)
-    write_json({"format": "longlive-dit", "dit": {"name": "bench"}, "latent": {"chunk_frames": 8},
-                "multi_shot": {"shot_rope_offset": 8},
-                "precision": {"recipe": "nvfp4", "skip": list(DEFAULT_SKIP), "keep_last_blocks": 0}},
-               ar / "config.json")
+    ar.mkdir(parents=True, exist_ok=True)
+    write_config(DiTFolder(format="longlive-dit", stage="train_ar", dit={"name": "bench"},
+                           latent=LatentGeometry(48, 8, H, W), video=VideoFormat(24.0, H * 16, W * 16),
+                           vae=Encoder("tiny"), text_encoder=Encoder("tiny", max_length=TEXT_TOKENS),
+                           sampling=Sampling("flow-matching"), multi_shot=MultiShot(8),
+                           precision=PrecisionRules("nvfp4", DEFAULT_SKIP)), ar)
     return ar, latents
 
 

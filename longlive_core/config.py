@@ -123,7 +123,7 @@ def from_mapping(cls: type[T], data: Any, where: str) -> T:
         elif name in data:
             kwargs[name] = _check(data[name], hints[name], key)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{key} is required in params.yaml")
+            raise ConfigError(f"{key} is required")
     obj = cls(**kwargs)
     validate = getattr(obj, "validate", None)
     if validate is not None:

@@ -5,7 +5,6 @@ logs to MLflow and writes reports/distill_dmd/. Checkpoints in checkpoints/disti
 between runs) let a killed run continue from its last one."""
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -13,8 +12,16 @@ from longlive_core.config import ConfigError, stage_config
 from longlive_core.devices import pick_device
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.lora import LORA_TARGETS
-from longlive_core.io.atomic import atomic_dir, write_json
-from longlive_core.models.checkpoint import read_model_config
+from longlive_core.io.atomic import atomic_dir
+from longlive_core.models.folder import (
+    ADAPTER_FORMAT,
+    CONFIG,
+    AdapterFolder,
+    AdapterSettings,
+    Sampling,
+    read_dit_folder,
+    write_config,
+)
 from longlive_core.models.identity import identity_digest, write_identity
 from longlive_core.tracking.lineage import CODE, code_digest, digest_file, digest_json, git_state, runtime_versions
 from longlive_core.train.launch import under_torchrun
@@ -37,7 +44,7 @@ def prepare(params: dict[str, Any]) -> DistillDMDConfig:
     cfg = stage_config(DistillDMDConfig, STAGE, params)
     if not under_torchrun():  # each rank checks its own GPU once started
         pick_device(cfg.device, f"{STAGE}.device")
-    cfg.check_chunk(int(read_model_config(AR_MODEL, "train_ar")["latent"]["chunk_frames"]))
+    cfg.check_chunk(read_dit_folder(AR_MODEL, "train_ar").latent.chunk_frames)
     if not LATENT_INDEX.is_file():
         raise ConfigError(f"{LATENT_INDEX} is missing: run encode_latents first (dvc repro encode_latents)")
     return cfg
@@ -51,23 +58,19 @@ def digest_components(cfg: DistillDMDConfig) -> dict[str, str]:
             CODE: code_digest("longlive_core.distill.trainer")}
 
 
-def model_config(cfg: DistillDMDConfig, summary: dict) -> dict:
+def model_config(cfg: DistillDMDConfig, summary: dict) -> AdapterFolder:
     """config.json of models/dmd/: what the adapter is, what it was distilled from and for."""
-    ar = read_model_config(AR_MODEL, "train_ar")
-    return {
-        "format": "peft-lora",
-        "stage": STAGE,
-        "base_model": str(AR_MODEL),
-        "base_model_identity": identity_digest(AR_IDENTITY),  # the adapter means something on these weights alone
-        "adapter": {**dataclasses.asdict(cfg.lora), "targets": list(LORA_TARGETS), "name": "default"},
-        "sampling": {"kind": "few-step", "steps": list(cfg.denoising_steps), "window": cfg.window,
-                     "chunk_frames": ar["latent"]["chunk_frames"]},
-        "distillation": {"recipe": cfg.recipe, "real_guidance": cfg.real_guidance,
-                         "fake_guidance": cfg.fake_guidance, "steps": cfg.steps},
-        "lineage": {**git_state("."),
-                    "latent_index_sha256": digest_file(LATENT_INDEX), "run_digest": summary["run_digest"],
-                    "steps": summary["steps"], "step_ranges": summary["lineage"]},
-    }
+    ar = read_dit_folder(AR_MODEL, "train_ar")
+    return AdapterFolder(
+        format=ADAPTER_FORMAT, stage=STAGE, base_model=str(AR_MODEL),
+        base_model_identity=identity_digest(AR_IDENTITY),  # the adapter means something on these weights alone
+        adapter=AdapterSettings(cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, tuple(LORA_TARGETS), "default"),
+        sampling=Sampling("few-step", tuple(cfg.denoising_steps), window=cfg.window,
+                          chunk_frames=ar.latent.chunk_frames),
+        distillation={"recipe": cfg.recipe, "real_guidance": cfg.real_guidance, "fake_guidance": cfg.fake_guidance,
+                      "steps": cfg.steps},
+        lineage={**git_state("."), "latent_index_sha256": digest_file(LATENT_INDEX),
+                 "run_digest": summary["run_digest"], "steps": summary["steps"], "step_ranges": summary["lineage"]})
 
 
 def export(cfg: DistillDMDConfig, adapter: dict, lora_config, summary: dict) -> None:
@@ -76,8 +79,7 @@ def export(cfg: DistillDMDConfig, adapter: dict, lora_config, summary: dict) -> 
     with atomic_dir(DMD_MODEL) as staging:
         save_file({k: v.contiguous() for k, v in adapter.items()}, os.fspath(staging / "adapter_model.safetensors"))
         lora_config.save_pretrained(os.fspath(staging))  # adapter_config.json, as peft reads it
-        config = model_config(cfg, summary)
-        write_json(config, staging / "config.json")
+        config = write_config(model_config(cfg, summary), staging)
     write_identity(DMD_MODEL, config, DMD_IDENTITY)
 
 
@@ -112,7 +114,7 @@ def body(cfg: DistillDMDConfig, run) -> dict:
         run.log_metrics({"peak_memory_vs_bf16_full_weights": memory["ratio"]})
     run.log_artifact(DISTILL_DMD_HISTORY)
     run.log_artifact(DMD_MODEL / "adapter_config.json")
-    run.log_artifact(DMD_MODEL / "config.json")
+    run.log_artifact(DMD_MODEL / CONFIG)
     return summary
 
 

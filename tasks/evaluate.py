@@ -15,7 +15,7 @@ from longlive_core.config import ConfigError, from_mapping, stage_config
 from longlive_core.devices import pick_device
 from longlive_core.evaluate.config import VERDICT_METRICS, EvaluateConfig
 from longlive_core.infer.engine import GenerateConfig
-from longlive_core.models.checkpoint import read_model_config
+from longlive_core.models.folder import read_dit_folder
 from longlive_core.shots.detect import ShotsConfig
 from tasks.paths import EVALUATE_SCORES, EVALUATE_SHEETS, EVALUATE_VIDEOS, W4A4_MODEL
 from tasks.stage import main_for
@@ -37,7 +37,7 @@ def prepare(params: dict[str, Any]) -> Prepared:
     overrides = {"seed": cfg.seed, "device": cfg.device, **({"kv": cfg.kv} if cfg.kv else {})}
     generate = from_mapping(GenerateConfig, {**params.get("generate", {}), **overrides}, "generate")
     generate.steps(cfg.steps)  # a step count with no list is an error now, not after the first video
-    read_model_config(W4A4_MODEL, "merge_w4a4")
+    read_dit_folder(W4A4_MODEL, "merge_w4a4")
     if "shots" not in params:
         raise ConfigError("params.yaml has no 'shots' section: evaluate finds cuts with the shots stage's detector")
     return Prepared(cfg, generate, stage_config(ShotsConfig, "shots", params))

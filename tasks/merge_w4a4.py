@@ -5,6 +5,7 @@ the BF16 merged model on fixed inputs: reports/merge_w4a4/metrics.json."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from typing import Any
 
@@ -12,7 +13,14 @@ from longlive_core.config import ConfigError, stage_config
 from longlive_core.devices import pick_device
 from longlive_core.distill.merge import MergeW4A4Config
 from longlive_core.io.atomic import atomic_dir, write_json
-from longlive_core.models.checkpoint import read_model_config
+from longlive_core.models.folder import (
+    CONFIG,
+    AdapterFolder,
+    DiTFolder,
+    read_adapter_folder,
+    read_dit_folder,
+    write_config,
+)
 from longlive_core.models.identity import identity_digest, write_identity
 from longlive_core.tracking.lineage import git_state
 from tasks.paths import (
@@ -34,22 +42,20 @@ STAGE = "merge_w4a4"
 def prepare(params: dict[str, Any]) -> MergeW4A4Config:
     cfg = stage_config(MergeW4A4Config, STAGE, params)
     pick_device(cfg.device, f"{STAGE}.device")
-    read_model_config(AR_MODEL, "train_ar")
-    read_model_config(DMD_MODEL, "distill_dmd")
+    read_dit_folder(AR_MODEL, "train_ar")
+    read_adapter_folder(DMD_MODEL, "distill_dmd")
     if not LATENT_INDEX.is_file():
         raise ConfigError(f"{LATENT_INDEX} is missing: run encode_latents first (dvc repro encode_latents)")
     return cfg
 
 
-def w4a4_config(cfg: MergeW4A4Config, ar: dict, dmd: dict, quantization: dict) -> dict:
+def w4a4_config(cfg: MergeW4A4Config, ar: DiTFolder, dmd: AdapterFolder, quantization: dict) -> DiTFolder:
     """config.json of models/w4a4/: the AR model's, made few-step by the adapter, and quantized."""
-    return {**ar, "format": "longlive-w4a4", "stage": STAGE, "weights_dtype": cfg.dtype,
-            "sampling": dmd["sampling"],
-            "precision": {**ar["precision"], "recipe": cfg.recipe},
-            **quantization,
-            "lineage": {**git_state("."), "ar_model": identity_digest(AR_IDENTITY),
-                        "dmd_adapter": identity_digest(DMD_IDENTITY), "ar_lineage": ar.get("lineage"),
-                        "dmd_lineage": dmd.get("lineage")}}
+    return dataclasses.replace(
+        ar, format="longlive-w4a4", stage=STAGE, weights_dtype=cfg.dtype, sampling=dmd.sampling,
+        precision=dataclasses.replace(ar.precision, recipe=cfg.recipe), **quantization,
+        lineage={**git_state("."), "ar_model": identity_digest(AR_IDENTITY),
+                 "dmd_adapter": identity_digest(DMD_IDENTITY), "ar_lineage": ar.lineage, "dmd_lineage": dmd.lineage})
 
 
 def body(cfg: MergeW4A4Config, run) -> dict:
@@ -63,9 +69,9 @@ def body(cfg: MergeW4A4Config, run) -> dict:
 
     device = pick_device(cfg.device, f"{STAGE}.device")
     dtype = getattr(torch, cfg.dtype)
-    ar, dmd = read_model_config(AR_MODEL, "train_ar"), read_model_config(DMD_MODEL, "distill_dmd")
-    chunk, steps = int(ar["latent"]["chunk_frames"]), dmd["sampling"]["steps"]
-    shot_offset = int(ar["multi_shot"]["shot_rope_offset"])
+    ar, dmd = read_dit_folder(AR_MODEL, "train_ar"), read_adapter_folder(DMD_MODEL, "distill_dmd")
+    chunk, steps = ar.latent.chunk_frames, list(dmd.sampling.steps)
+    shot_offset = ar.multi_shot.shot_rope_offset
     calibration = chunk_inputs(LATENTS, chunk, shot_offset, steps, cfg.calibration_inputs, cfg.seed, "calibrate")
     evaluation = chunk_inputs(LATENTS, chunk, shot_offset, steps, cfg.eval_inputs, cfg.seed, "evaluate")
 
@@ -75,9 +81,8 @@ def body(cfg: MergeW4A4Config, run) -> dict:
     y_bf16 = outputs(reference, evaluation, torch.bfloat16, device)
     bf16_bytes = sum(t.numel() * 2 for t in reference.state_dict().values())
     del reference
-    precision = ar["precision"]
-    report = convert_linears(model, cfg.recipe, skip=tuple(precision["skip"]),
-                             keep_last_blocks=precision["keep_last_blocks"], packed=True)
+    report = convert_linears(model, cfg.recipe, skip=ar.precision.skip, keep_last_blocks=ar.precision.keep_last_blocks,
+                             packed=True)
     layers = packed_layers(model)
     amax = calibrate(model, lambda: outputs(model, calibration, torch.float32, device))
     state = {k: v.cpu() for k, v in w4a4_state_dict(model, dtype, amax).items()}
@@ -86,10 +91,9 @@ def body(cfg: MergeW4A4Config, run) -> dict:
     packed_bf16_bytes = sum(layer.in_features * layer.out_features * 2 for layer in layers.values())
     with atomic_dir(W4A4_MODEL) as staging:
         save_file(state, os.fspath(staging / W4A4_WEIGHTS), metadata={"format": "pt"})
-        config = w4a4_config(cfg, ar, dmd, quantization)
-        write_json(config, staging / "config.json")
+        config = write_config(w4a4_config(cfg, ar, dmd, quantization), staging)
     write_identity(W4A4_MODEL, config, W4A4_IDENTITY)
-    loaded = load_w4a4(W4A4_MODEL, read_model_config(W4A4_MODEL, STAGE), device)  # what inference will load
+    loaded = load_w4a4(W4A4_MODEL, read_dit_folder(W4A4_MODEL, STAGE), device)  # what inference will load
     y_w4a4 = outputs(loaded, evaluation, dtype, device)
     metrics = {
         "disk_bytes": (W4A4_MODEL / W4A4_WEIGHTS).stat().st_size,
@@ -108,7 +112,7 @@ def body(cfg: MergeW4A4Config, run) -> dict:
     write_json(metrics, MERGE_W4A4_METRICS)
     run.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     run.log_artifact(MERGE_W4A4_METRICS)
-    run.log_artifact(W4A4_MODEL / "config.json")
+    run.log_artifact(W4A4_MODEL / CONFIG)
     return {**metrics, "conversion": report.summary()}
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from longlive_core.config import ConfigError, stage_config
-from longlive_core.models.checkpoint import read_model_config
+from longlive_core.models.folder import read_adapter_folder, read_dit_folder
 from longlive_core.package.config import PackageConfig
 from tasks.paths import DIST, DMD_MODEL, EVALUATE_SCORES, W4A4_MODEL
 from tasks.stage import main_for, report_path
@@ -31,8 +31,8 @@ class Prepared:
 
 def prepare(params: dict[str, Any]) -> Prepared:
     cfg = stage_config(PackageConfig, STAGE, params)
-    read_model_config(W4A4_MODEL, "merge_w4a4")
-    read_model_config(DMD_MODEL, "distill_dmd")
+    read_dit_folder(W4A4_MODEL, "merge_w4a4")
+    read_adapter_folder(DMD_MODEL, "distill_dmd")
     if not EVALUATE_SCORES.is_file():
         raise ConfigError(f"{EVALUATE_SCORES} is missing: run evaluate first (dvc repro evaluate)")
     return Prepared(cfg, params.get("evaluate", {}).get("registered_model", "longlive-2.0"))
@@ -58,7 +58,7 @@ def body(p: Prepared, run) -> dict:
     from longlive_core.package.config import registry_aliases
 
     scores = json.loads(EVALUATE_SCORES.read_text())
-    model_config = read_model_config(W4A4_MODEL, "merge_w4a4")
+    model_config = read_dit_folder(W4A4_MODEL, "merge_w4a4")
     origin = lineage()
     version = f"{origin['git.describe']}-w{file_sha256(W4A4_MODEL / W4A4_WEIGHTS)[:12]}"
     with atomic_dir(DIST) as staging:

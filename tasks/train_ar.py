@@ -13,6 +13,17 @@ from longlive_core.devices import pick_device
 from longlive_core.latents.encode import EncodeLatentsConfig
 from longlive_core.models.checkpoint import check_dit_weights, save_dit
 from longlive_core.models.config import dit_config
+from longlive_core.models.folder import (
+    CONFIG,
+    DiTFolder,
+    Encoder,
+    LatentGeometry,
+    MultiShot,
+    PrecisionRules,
+    Sampling,
+    VideoFormat,
+    as_json,
+)
 from longlive_core.models.identity import write_identity
 from longlive_core.models.vae import SPATIAL_STRIDE, TEMPORAL_STRIDE
 from longlive_core.models.weights import CheckpointError, weights_identity
@@ -67,32 +78,28 @@ def digest_components(cfg: TrainARConfig) -> dict[str, str]:
             CODE: code_digest("longlive_core.train.trainer")}
 
 
-def model_config(p: Prepared, summary: dict) -> dict:
+def model_config(p: Prepared, summary: dict) -> DiTFolder:
     """config.json of models/ar/: everything that rebuilds and runs the model without params.yaml."""
     t, c = p.train, p.latents.clip
-    return {
-        "format": "longlive-dit",
-        "stage": STAGE,
-        "dit": {"name": t.model, **dataclasses.asdict(dit_config(t.model))},
-        "weights_dtype": t.export_dtype,
-        "latent": {"channels": dit_config(t.model).in_channels, "chunk_frames": t.chunk_frames,
-                   "height": c.height // SPATIAL_STRIDE, "width": c.width // SPATIAL_STRIDE,
-                   "temporal_stride": TEMPORAL_STRIDE, "spatial_stride": SPATIAL_STRIDE},
-        "video": {"fps": c.fps, "height": c.height, "width": c.width},
-        "vae": {"path": p.latents.vae, "sha256": weights_identity(p.latents.vae),
-                **({"seed": 0} if p.latents.vae == "tiny" else {})},
-        "text_encoder": {"path": p.latents.text_encoder, "sha256": weights_identity(p.latents.text_encoder),
-                         "max_length": p.latents.text_max_length,
-                         **({"seed": 0} if p.latents.text_encoder == "tiny" else {})},
-        "sampling": {"kind": "flow-matching", "num_train_timesteps": t.num_train_timesteps,
-                     "timestep_shift": t.timestep_shift, "steps": None},  # not distilled: the full schedule
-        "multi_shot": {"shot_rope_offset": t.shot_rope_offset, "scene_transition_prefix": True},
-        "precision": {"recipe": t.precision.recipe, "skip": list(t.precision.skip),
-                      "keep_last_blocks": t.precision.keep_last_blocks},
-        "lineage": {**git_state("."), "latent_index_sha256": digest_file(LATENT_INDEX),
-                    "init": t.init, "init_sha256": weights_identity(t.init), "run_digest": summary["run_digest"],
-                    "steps": summary["steps"], "step_ranges": summary["lineage"]},
-    }
+    dit = dit_config(t.model)
+
+    def encoder(path: str, **more) -> Encoder:
+        return Encoder(path, weights_identity(path), 0 if path == "tiny" else None, **more)
+
+    return DiTFolder(
+        format="longlive-dit", stage=STAGE, dit={"name": t.model, **dataclasses.asdict(dit)},
+        weights_dtype=t.export_dtype,
+        latent=LatentGeometry(dit.in_channels, t.chunk_frames, c.height // SPATIAL_STRIDE, c.width // SPATIAL_STRIDE,
+                              TEMPORAL_STRIDE, SPATIAL_STRIDE),
+        video=VideoFormat(c.fps, c.height, c.width),
+        vae=encoder(p.latents.vae), text_encoder=encoder(p.latents.text_encoder, max_length=p.latents.text_max_length),
+        # not distilled: the full schedule
+        sampling=Sampling("flow-matching", None, t.num_train_timesteps, t.timestep_shift),
+        multi_shot=MultiShot(t.shot_rope_offset, True),
+        precision=PrecisionRules(t.precision.recipe, tuple(t.precision.skip), t.precision.keep_last_blocks),
+        lineage={**git_state("."), "latent_index_sha256": digest_file(LATENT_INDEX), "init": t.init,
+                 "init_sha256": weights_identity(t.init), "run_digest": summary["run_digest"],
+                 "steps": summary["steps"], "step_ranges": summary["lineage"]})
 
 
 def export(p: Prepared, summary: dict) -> None:
@@ -104,7 +111,7 @@ def export(p: Prepared, summary: dict) -> None:
         model = WanDiT(dit_config(p.train.model))
     dtype = getattr(torch, p.train.export_dtype)
     model.load_state_dict({k: v.to(dtype) for k, v in summary.pop("ema_state").items()}, strict=True, assign=True)
-    config = model_config(p, summary)
+    config = as_json(model_config(p, summary))
     save_dit(model, AR_MODEL, config=config)
     write_identity(AR_MODEL, config, AR_IDENTITY)
 
@@ -132,7 +139,7 @@ def body(p: Prepared, run) -> dict:
     run.set_tags({"mfu_denominator": summary["mfu_denominator"]})
     run.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
     run.log_artifact(TRAIN_AR_HISTORY)
-    run.log_artifact(AR_MODEL / "config.json")
+    run.log_artifact(AR_MODEL / CONFIG)
     return summary
 
 

@@ -19,11 +19,12 @@ from longlive_core.infer.engine import GenerateConfig, generate
 from longlive_core.infer.generate import generate_file
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import parse_prompts, plan_shots
+from longlive_core.models.folder import write_config
 from longlive_core.models.text import text_encoder_from
 from longlive_core.models.vae import vae_from
 from longlive_core.video.writer import VideoWriter
 
-from .helpers.ar_model import make_ar_model
+from .helpers.ar_model import folder_config, make_ar_model
 
 CHUNK = 2  # latent frames per chunk: 8 video frames, 1/3 s at 24 fps
 TWO_SHOTS = "0.6\tA red kite over a beach\n+0.3\tThe kite dives\n0.4\tA city street at night\n"
@@ -149,10 +150,12 @@ def test_bad_prompt_lines_and_a_bf16_run_of_a_w4a4_folder_are_refused(model_dir,
     assert "line 2" in capsys.readouterr().err and not out.exists()
     folder = tmp_path / "w4a4"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"format": "longlive-w4a4", "stage": "merge_w4a4"}))
+    write_config(folder_config(format="longlive-w4a4", stage="merge_w4a4", quantization_config={},
+                               longlive_quantization={"weight_tile": [16, 16]}), folder)
     prompts.write_text("a shot\n")
     assert longlive(["generate", "--model", str(folder), "--prompts", str(prompts), "--out", str(out),
                      "--precision", "bf16", "--device", "cpu"]) == 2
+    assert "run it with --precision nvfp4" in capsys.readouterr().err
     assert longlive([]) == 2 and longlive(["nope"]) == 2
 
 

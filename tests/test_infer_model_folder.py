@@ -11,10 +11,13 @@ from safetensors.torch import save_file
 
 from longlive_core.infer.model_folder import W4A4_WEIGHTS, load_model_folder
 from longlive_core.models.config import DIT_CONFIGS
+from longlive_core.models.folder import write_config
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.models.weights import CheckpointError
 from longlive_core.quant import convert_linears
 from longlive_core.quant.w4a4 import packed_layers, w4a4_state_dict
+
+from .helpers.ar_model import folder_config
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +27,8 @@ def folder(tmp_path_factory):
     convert_linears(model, "nvfp4", packed=True, overrides={"backend": "torch"})
     root = tmp_path_factory.mktemp("w4a4")
     save_file(w4a4_state_dict(model, torch.float32), str(root / W4A4_WEIGHTS))
-    (root / "config.json").write_text(json.dumps({
-        "format": "longlive-w4a4", "dit": {"name": "tiny"},
-        "longlive_quantization": {"weight_tile": [16, 16], "four_over_six": None}}))
+    write_config(folder_config(format="longlive-w4a4", stage="merge_w4a4", quantization_config={},
+                               longlive_quantization={"weight_tile": [16, 16], "four_over_six": None}), root)
     g = torch.Generator().manual_seed(1)
     inputs = (torch.randn(1, 48, 2, 4, 4, generator=g), torch.tensor([681.0]), torch.randn(1, 5, 32, generator=g))
     return root, model, inputs
@@ -41,7 +43,7 @@ def run(model, inputs, device):
 def test_the_loader_rebuilds_the_packed_model_on_the_cpu(folder, tmp_path):
     root, model, inputs = folder
     loaded, config = load_model_folder(root)
-    assert config["format"] == "longlive-w4a4"
+    assert config.format == "longlive-w4a4"
     for name, layer in packed_layers(model).items():
         mine = dict(loaded.named_modules())[name]
         assert torch.equal(mine.weight_packed, layer.weight_packed)

@@ -11,7 +11,7 @@ import torch
 from longlive_core.config import ConfigError
 from longlive_core.distill.lora import merge_adapter
 from longlive_core.models.checkpoint import load_dit
-from longlive_core.models.config import dit_config
+from longlive_core.models.folder import DiTFolder
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.quant.recipe import RECIPES
 from longlive_core.train.data import LatentSamples, generator_for
@@ -36,9 +36,9 @@ class MergeW4A4Config:
             raise ConfigError(f"{where}: calibration_inputs and eval_inputs must be at least 1")
 
 
-def merged_model(ar_dir: Path, ar_config: dict, dmd_dir: Path) -> WanDiT:
+def merged_model(ar_dir: Path, ar_config: DiTFolder, dmd_dir: Path) -> WanDiT:
     """The AR weights with the generator's adapter merged in, in float32."""
-    base = load_dit(ar_dir, dit_config(ar_config["dit"]["name"]), dtype=torch.float32)
+    base = load_dit(ar_dir, ar_config.dit_config, dtype=torch.float32)
     return merge_adapter(base, dmd_dir).eval()
 
 

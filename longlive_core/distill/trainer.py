@@ -40,8 +40,8 @@ from longlive_core.distill.roles import FullRoles, LoRARoles
 from longlive_core.infer.rollout import RolloutConfig, rollout
 from longlive_core.infer.sequence_parallel import gather_frames, gather_video, rank_frames
 from longlive_core.latents.files import EMPTY_PROMPT
-from longlive_core.models.checkpoint import load_dit, read_model_config
-from longlive_core.models.config import dit_config
+from longlive_core.models.checkpoint import load_dit
+from longlive_core.models.folder import read_dit_folder
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.checkpointing import CheckpointStore, agree
 from longlive_core.train.data import LatentSamples, TrainSample, generator_for
@@ -116,14 +116,14 @@ class DMDTrainer:
             raise ConfigError(f"distill_dmd.nnodes x nproc is {cfg.world_size} but {self.world} ranks were started")
         self.device = pick_device(cfg.device, "distill_dmd.device")
         self.dtype = getattr(torch, cfg.param_dtype)
-        ar = read_model_config(inputs.ar_model, "train_ar")
-        self.chunk = int(ar["latent"]["chunk_frames"])
+        ar = read_dit_folder(inputs.ar_model, "train_ar")
+        self.chunk = ar.latent.chunk_frames
         cfg.check_chunk(self.chunk)
-        heads = dit_config(ar["dit"]["name"]).num_heads
+        heads = ar.dit_config.num_heads
         if heads % cfg.sp:
             raise ConfigError(f"distill_dmd.sp ({cfg.sp}) must divide the AR model's {heads} attention heads")
         self.rollout_cfg: RolloutConfig = cfg.rollout(self.chunk)
-        shot_offset = int(ar["multi_shot"]["shot_rope_offset"])
+        shot_offset = ar.multi_shot.shot_rope_offset
         # every window exactly latent_frames long: each rank then runs as many forwards per step (FSDP's
         # gathers are collective), whatever prompt it drew
         self.prompts = LatentSamples(inputs.latents, "train", self.chunk, shot_offset, align=cfg.latent_frames)
@@ -137,13 +137,12 @@ class DMDTrainer:
         if not empty.is_file():
             raise ConfigError(f"{empty} is missing: rerun encode_latents (it stores the empty prompt for guidance)")
         self.empty_text = load_file(str(empty))["text"].float()[None]  # (1, T, D): one caption
-        base = load_dit(inputs.ar_model, dit_config(ar["dit"]["name"]), dtype=torch.float32)
-        precision = ar["precision"]
+        base = load_dit(inputs.ar_model, ar.dit_config, dtype=torch.float32)
+        precision = ar.precision
         with torch.random.fork_rng(devices=[]):  # the adapters' initial A matrices: the same on every rank and run
             torch.manual_seed(generator_for(cfg.seed, "lora-init").initial_seed())
             self.roles = (FullRoles(base) if full_weights else
-                          LoRARoles(base, cfg.lora, cfg.recipe, tuple(precision["skip"]),
-                                    precision["keep_last_blocks"]))
+                          LoRARoles(base, cfg.lora, cfg.recipe, precision.skip, precision.keep_last_blocks))
         self.shard, _ = sequence_groups(cfg, self.device.type)
         self.slot = self.rank // cfg.sp  # the SP group's: its ranks distil one prompt together
         mesh = device_mesh(cfg, self.device.type)

@@ -37,6 +37,7 @@ from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, EngineStats, Gene
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, ShotPlan, parse_prompts, plan_shots
 from longlive_core.io.atomic import atomic_path, write_json
+from longlive_core.models.folder import DiTFolder, read_dit_folder
 from longlive_core.models.text import text_encoder_from
 from longlive_core.models.vae import vae_from
 from longlive_core.models.wan_dit import WanDiT
@@ -55,20 +56,18 @@ def prepare_model(directory: Path, precision: str, device: torch.device):
     FP8 W8A8 (the AR model's skip list kept in high precision); a longlive-w4a4 folder as it is (it
     holds no BF16 weights)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if read_dit_folder(directory).format == "longlive-w4a4" and precision in ("bf16", "fp8"):
+        raise ConfigError(f"{directory} holds the W4A4 model (NVFP4 weights, no BF16 copy): run it with "
+                          f"--precision nvfp4, or generate from the AR model folder for {precision}")
     model, config = load_model_folder(directory, device, dtype)
-    kind = config["format"]
-    if kind == "longlive-w4a4":
-        if precision in ("bf16", "fp8"):
-            raise ConfigError(f"{directory} holds the W4A4 model (NVFP4 weights, no BF16 copy): run it with "
-                              f"--precision nvfp4, or generate from the AR model folder for {precision}")
-        return model, config, config["longlive_quantization"].get("recipe", "nvfp4")
-    rules = config["precision"]
+    if config.format == "longlive-w4a4":
+        return model, config, config.longlive_quantization.get("recipe", "nvfp4")
+    rules = config.precision
     if precision == "nvfp4":
-        convert_linears(model, "nvfp4", skip=tuple(rules["skip"]), keep_last_blocks=rules["keep_last_blocks"],
-                        packed=True)
+        convert_linears(model, "nvfp4", skip=rules.skip, keep_last_blocks=rules.keep_last_blocks, packed=True)
         return model, config, "nvfp4"
     if precision == "fp8":
-        convert_linears_fp8(model, skip=tuple(rules["skip"]), keep_last_blocks=rules["keep_last_blocks"])
+        convert_linears_fp8(model, skip=rules.skip, keep_last_blocks=rules.keep_last_blocks)
         return model, config, "fp8"
     return model, config, "bf16"
 
@@ -79,7 +78,7 @@ class Generation:
     ``engine.generate`` on it (every rank of ``shard`` calls it; rank 0's stream gets the chunks)."""
     device: torch.device
     model: WanDiT
-    config: dict
+    config: DiTFolder
     recipe: str
     plan: list[ShotPlan]
     steps: tuple[int, ...]
@@ -101,22 +100,21 @@ def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, step
     if cfg.compile:
         for block in model.blocks:
             block.compile()
-    latent, video = config["latent"], config["video"]
-    chunk, stride = int(latent["chunk_frames"]), int(latent["temporal_stride"])
+    latent = config.latent
+    chunk = latent.chunk_frames
     segments = parse_prompts(prompts.read_text(encoding="utf-8"), cfg.default_duration_s, str(prompts))
-    plan = plan_shots(segments, float(video["fps"]), chunk, stride)
+    plan = plan_shots(segments, config.video.fps, chunk, latent.temporal_stride)
 
-    text_cfg = config["text_encoder"]
-    encoder = text_encoder_from(text_cfg["path"], int(text_cfg["max_length"]), device)
+    encoder = text_encoder_from(config.text_encoder.path, config.text_encoder.max_length, device)
     embedded = encoder.encode([s.prompt for s in segments])
     del encoder  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
     texts = [embedded[i:i + 1] for i in range(len(segments))]
     _, ph, pw = model.cfg.patch_size
-    h, w = int(latent["height"]), int(latent["width"])
+    h, w = latent.height, latent.width
     cache = cfg.cache(model, (h // ph) * (w // pw), chunk)
     run = functools.partial(generate, model, plan, texts, cache, step_list,
-                            latent_shape=(int(latent["channels"]), h, w), dtype=dtype, seed=cfg.seed,
-                            shot_offset=int(config["multi_shot"]["shot_rope_offset"]), shard=shard)
+                            latent_shape=(latent.channels, h, w), dtype=dtype, seed=cfg.seed,
+                            shot_offset=config.multi_shot.shot_rope_offset, shard=shard)
     return Generation(device, model, config, recipe, plan, step_list, run)
 
 
@@ -132,22 +130,22 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     g = prepare_generation(model_dir, prompts, cfg, steps, shard)
     device, model, config, recipe, plan, step_list, run = (g.device, g.model, g.config, g.recipe, g.plan, g.steps,
                                                            g.run)
-    video, chunk = config["video"], int(config["latent"]["chunk_frames"])
+    video, chunk = config.video, config.latent.chunk_frames
     if shard.rank != 0:  # the DiT's share of every chunk; rank 0 decodes and writes
         run(stream=None)
         return None
-    decoder = ShotDecoder(vae_from(config["vae"]["path"], vae_device(cfg.vae_device, device)))
+    decoder = ShotDecoder(vae_from(config.vae.path, vae_device(cfg.vae_device, device)))
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     total_chunks = sum(sum(shot.chunks) for shot in plan)
     progress = Progress(log, "generate", total_chunks, unit="chunks")
-    fps = Fraction(video["fps"]).limit_denominator(1001000)
+    fps = Fraction(video.fps).limit_denominator(1001000)
     log.info("%s: %d shot(s), %d chunk(s) of %d latent frames, %d frames at %dx%d, %s weights, %s KV cache, "
              "%d steps, seed %d", model_dir, len(plan), total_chunks, chunk, sum(s.video_frames for s in plan),
-             video["width"], video["height"], recipe, cfg.kv, len(step_list) - 1, cfg.seed)
+             video.width, video.height, recipe, cfg.kv, len(step_list) - 1, cfg.seed)
     start = time.perf_counter()
-    with atomic_path(out) as tmp, VideoWriter(tmp, fps, int(video["width"]), int(video["height"]),
+    with atomic_path(out) as tmp, VideoWriter(tmp, fps, video.width, video.height,
                                                  threads=0) as writer:
         def write(rgb: np.ndarray) -> None:
             writer.write(rgb)
@@ -166,12 +164,12 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     # K and V, every layer, 2 bytes each; a sequence-parallel rank caches a P-th of the heads
     bf16_per_token = 2 * len(model.blocks) * model.cfg.dim * 2 // shard.size
     sidecar = {
-        "video": out.name, "frames": stream.frames, "fps": float(fps), "width": int(video["width"]),
-        "height": int(video["height"]), "seconds": stream.frames / float(fps),
+        "video": out.name, "frames": stream.frames, "fps": float(fps), "width": video.width,
+        "height": video.height, "seconds": stream.frames / float(fps),
         "shots": [{"index": s.index, "latent_frames": s.latent_frames, "video_frames": s.video_frames,
                    "prompts": [seg.prompt for seg in s.segments], "lines": [seg.line for seg in s.segments]}
                   for s in plan],
-        "seed": cfg.seed, "steps": list(step_list), "model": str(model_dir), "model_format": config["format"],
+        "seed": cfg.seed, "steps": list(step_list), "model": str(model_dir), "model_format": config.format,
         "recipe": recipe, "kv": cfg.kv, "decode": cfg.decode, "device": str(device), "sp": shard.size,
         "vae_device": str(decoder.device),
         "window": cfg.window, "global_sink": cfg.global_sink, "shot_sink": cfg.shot_sink,

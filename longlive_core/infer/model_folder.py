@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from longlive_core.models.checkpoint import load_dit, read_model_config
-from longlive_core.models.config import dit_config
+from longlive_core.models.checkpoint import load_dit
+from longlive_core.models.folder import DiTFolder, read_dit_folder
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.models.weights import CheckpointError
 from longlive_core.quant.w4a4 import load_packed_layers, recipe_from_notes
@@ -18,7 +18,7 @@ from longlive_core.quant.w4a4 import load_packed_layers, recipe_from_notes
 W4A4_WEIGHTS = "model.safetensors"
 
 
-def load_w4a4(directory: str | Path, config: dict, device: str | torch.device = "cpu",
+def load_w4a4(directory: str | Path, config: DiTFolder, device: str | torch.device = "cpu",
               backend: str | None = None) -> WanDiT:
     """The W4A4 model of ``directory``: packed layers bit for bit as stored, the rest in the stored
     dtype; ``backend`` overrides the recipe's GEMM emulation (None: Triton on CUDA, torch elsewhere)."""
@@ -26,9 +26,9 @@ def load_w4a4(directory: str | Path, config: dict, device: str | torch.device = 
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: run merge_w4a4 (dvc repro merge_w4a4)")
     state = load_file(str(path))
-    recipe = dataclasses.replace(recipe_from_notes(config["longlive_quantization"]), backend=backend)
+    recipe = dataclasses.replace(recipe_from_notes(config.longlive_quantization), backend=backend)
     with torch.device("meta"):
-        model = WanDiT(dit_config(config["dit"]["name"]))
+        model = WanDiT(config.dit_config)
     load_packed_layers(model, state, recipe)
     model.load_state_dict({k: v for k, v in state.items() if not k.endswith(".input_global_scale")}, strict=True,
                           assign=True)
@@ -36,14 +36,10 @@ def load_w4a4(directory: str | Path, config: dict, device: str | torch.device = 
 
 
 def load_model_folder(directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-                      ) -> tuple[WanDiT, dict]:
+                      ) -> tuple[WanDiT, DiTFolder]:
     """(the model, its config.json); ``dtype`` casts a longlive-dit folder's weights (a W4A4 folder
     keeps what it holds)."""
-    config = read_model_config(directory, "the stage that makes it")
-    kind = config.get("format")
-    if kind == "longlive-dit":
-        return load_dit(directory, dit_config(config["dit"]["name"]), dtype, device).eval(), config
-    if kind == "longlive-w4a4":
+    config = read_dit_folder(directory)
+    if config.format == "longlive-w4a4":
         return load_w4a4(directory, config, device), config
-    raise CheckpointError(f"{Path(directory) / 'config.json'} has format {kind!r}: not a model folder this "
-                          "project runs (longlive-dit, longlive-w4a4)")
+    return load_dit(directory, config.dit_config, dtype, device).eval(), config

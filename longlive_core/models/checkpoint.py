@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from longlive_core.io.atomic import atomic_dir, write_json
 from longlive_core.models.config import DiTConfig
+from longlive_core.models.folder import CONFIG
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.models.weights import CheckpointError
 
@@ -131,7 +132,6 @@ def load_dit(path: str | Path, cfg: DiTConfig, dtype: torch.dtype | None = None,
 SHARD_PATTERN = "diffusion_pytorch_model*.safetensors*"  # the shards and the index save_dit writes
 
 
-CONFIG = "config.json"  # beside the weights: what rebuilds and runs the model (MISSION.md "Model folders")
 
 
 def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 1024**3,
@@ -170,12 +170,3 @@ def save_dit(model: WanDiT, directory: str | Path, max_shard_bytes: int = 5 * 10
         write_json(index, staging / "diffusion_pytorch_model.safetensors.index.json")
         if config is not None:
             write_json(config, staging / CONFIG)
-
-
-def read_model_config(directory: str | Path, made_by: str) -> dict:
-    """A model folder's config.json (MISSION.md "Model folders"); ``made_by`` names the stage that
-    writes the folder, for the message when it is missing."""
-    path = Path(directory) / CONFIG
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing: run {made_by} first (dvc repro {made_by})")
-    return json.loads(path.read_text())

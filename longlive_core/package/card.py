@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import json
 
+from longlive_core.models.folder import DiTFolder
 
-def model_card(name: str, version: str, model_config: dict, scores: dict, lineage: dict) -> str:
+
+def model_card(name: str, version: str, model_config: DiTFolder, scores: dict, lineage: dict) -> str:
     agg, verdict = scores["aggregate"], scores["verdict"]
-    dit, video = model_config["dit"], model_config["video"]
+    dit, video = model_config.dit_config, model_config.video
     lines = [
         f"# {name} {version}", "",
-        f"A LongLive-2.0 W4A4 video generator ({dit['name']} DiT, {dit['num_layers']} blocks, dim {dit['dim']}; "
-        f"{video['width']}x{video['height']} at {video['fps']:g} fps; sampling steps "
-        f"{model_config['sampling']['steps']}), made by this project's pipeline.", "",
+        f"A LongLive-2.0 W4A4 video generator ({model_config.dit['name']} DiT, {dit.num_layers} blocks, dim "
+        f"{dit.dim}; {video.width}x{video.height} at {video.fps:g} fps; sampling steps "
+        f"{list(model_config.sampling.steps or ())}), made by this project's pipeline.", "",
         "## Run it", "",
         "```bash",
         "longlive bundle verify .            # every file against SHA256SUMS",
