@@ -86,6 +86,7 @@ def one_mode(args) -> dict:
     from longlive_core.distill import trainer as trainer_module
     from longlive_core.distill.config import DistillDMDConfig, LoRASettings
     from longlive_core.distill.trainer import DistillInputs, DMDTrainer, PhaseTimes
+    from longlive_core.distributed.config import ParallelConfig
     from longlive_core.models import config as model_configs
 
     model_configs.DIT_CONFIGS["bench"] = dataclasses.replace(model_configs.dit_config("wan2.2-ti2v-5b"),
@@ -94,7 +95,8 @@ def one_mode(args) -> dict:
     one_rank_group()
     recipe = "nvfp4" if args.one.startswith("nvfp4") else "bf16"
     cfg = DistillDMDConfig(steps=10**6, generator_every=1, latent_frames=args.frames, grad_frames=args.frames,
-                           lora=LoRASettings(128, 128.0), recipe=recipe, stats_every=0, device="cuda",
+                           lora=LoRASettings(128, 128.0), recipe=recipe, stats_every=0,
+                           parallel=ParallelConfig(device="cuda"),
                            activation_checkpointing=args.ac)
     row: dict = {"mode": args.one, "blocks": args.blocks, "frames": args.frames, "ac": args.ac}
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,6 +129,7 @@ def stage_comparison(args) -> dict:
     from longlive_core.distill import trainer as trainer_module
     from longlive_core.distill.config import DistillDMDConfig, LoRASettings
     from longlive_core.distill.trainer import DistillInputs, memory_comparison
+    from longlive_core.distributed.config import ParallelConfig
     from longlive_core.models import config as model_configs
 
     model_configs.DIT_CONFIGS["bench"] = dataclasses.replace(model_configs.dit_config("wan2.2-ti2v-5b"),
@@ -134,7 +137,7 @@ def stage_comparison(args) -> dict:
     trainer_module.load_dit = random_dit
     one_rank_group()
     cfg = DistillDMDConfig(latent_frames=args.frames, grad_frames=args.frames, lora=LoRASettings(128, 128.0),
-                           device="cuda", activation_checkpointing=args.ac)
+                           parallel=ParallelConfig(device="cuda"), activation_checkpointing=args.ac)
     with tempfile.TemporaryDirectory() as tmp:
         ar, latents = make_inputs(Path(tmp), args.frames, args.blocks)
         out = memory_comparison(cfg, DistillInputs(ar, latents, Path(tmp) / "ckpt", None), Path(tmp) / "scratch")

@@ -37,11 +37,11 @@ from pathlib import Path
 import torch
 
 from bench.gpu_setup import random_dit_on_gpu
+from longlive_core.distributed.parallelize import apply_activation_checkpointing
 from longlive_core.models import config as model_configs
 from longlive_core.models.attention import attend
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.layout import TeacherForcingLayout
-from longlive_core.train.parallelize import apply_activation_checkpointing
 
 H, W, TEXT_TOKENS, CHUNK = 44, 80, 512, 8
 TOKENS_PER_FRAME = (H // 2) * (W // 2)

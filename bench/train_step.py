@@ -30,6 +30,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from bench.gpu_setup import one_rank_group, random_dit_on_gpu
+from longlive_core.distributed.config import ParallelConfig
 from longlive_core.models import config as model_configs
 from longlive_core.train import trainer as trainer_module
 from longlive_core.train.config import TrainARConfig
@@ -72,7 +73,8 @@ def profile_step(trainer: Trainer, path: Path) -> None:
 def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attention: str, rows: list[dict]) -> None:
     cfg = TrainARConfig(model="bench", init="tiny", steps=10**6, grad_accum=1, chunk_frames=8,
                         max_latent_frames=max(args.frames), activation_checkpointing=ac, compile=compiled,
-                        precision=dataclasses.replace(TrainARConfig().precision, recipe=recipe), device="cuda",
+                        precision=dataclasses.replace(TrainARConfig().precision, recipe=recipe),
+                        parallel=ParallelConfig(device="cuda"),
                         val_every=0, ema=dataclasses.replace(TrainARConfig().ema, start_step=0), attention=attention)
     trainer = Trainer(cfg, TrainInputs(cache, cache / "samples.parquet", cache / "ckpt", None))
     for frames in args.frames:

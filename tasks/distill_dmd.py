@@ -12,6 +12,7 @@ from longlive_core.config import ConfigError, stage_config
 from longlive_core.devices import pick_device
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.lora import LORA_TARGETS
+from longlive_core.distributed.launch import under_torchrun
 from longlive_core.io.atomic import atomic_dir
 from longlive_core.models.folder import (
     ADAPTER_FORMAT,
@@ -24,7 +25,6 @@ from longlive_core.models.folder import (
 )
 from longlive_core.models.identity import identity_digest, write_identity
 from longlive_core.tracking.lineage import CODE, code_digest, digest_file, digest_json, git_state, runtime_versions
-from longlive_core.train.launch import under_torchrun
 from tasks.paths import (
     AR_IDENTITY,
     AR_MODEL,
@@ -43,7 +43,7 @@ STAGE = "distill_dmd"
 def prepare(params: dict[str, Any]) -> DistillDMDConfig:
     cfg = stage_config(DistillDMDConfig, STAGE, params)
     if not under_torchrun():  # each rank checks its own GPU once started
-        pick_device(cfg.device, f"{STAGE}.device")
+        pick_device(cfg.parallel.device, f"{STAGE}.device")
     cfg.check_chunk(read_dit_folder(AR_MODEL, "train_ar").latent.chunk_frames)
     if not LATENT_INDEX.is_file():
         raise ConfigError(f"{LATENT_INDEX} is missing: run encode_latents first (dvc repro encode_latents)")
@@ -54,7 +54,7 @@ def digest_components(cfg: DistillDMDConfig) -> dict[str, str]:
     """What a checkpoint must match to be resumed, by name: the params that shape distillation, the AR
     model, the prompts (the latent index), the world layout and the numeric code of distillation."""
     return {"params": digest_json(cfg.resume_params()), "ar_model": identity_digest(AR_IDENTITY),
-            "latent_index": digest_file(LATENT_INDEX), "world": digest_json({"nnodes": cfg.nnodes, "nproc": cfg.nproc}),
+            "latent_index": digest_file(LATENT_INDEX), "world": digest_json(cfg.parallel.world_layout()),
             CODE: code_digest("longlive_core.distill.trainer")}
 
 
@@ -128,7 +128,7 @@ def one_line(s) -> str:
 
 
 def main() -> None:
-    run_ranks(STAGE, prepare, body, one_line, lambda cfg: cfg)
+    run_ranks(STAGE, prepare, body, one_line, lambda cfg: cfg.parallel)
 
 
 if __name__ == "__main__":

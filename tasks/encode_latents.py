@@ -14,6 +14,7 @@ import pandas as pd
 
 from longlive_core.config import ConfigError, load_params, stage_config
 from longlive_core.devices import pick_device
+from longlive_core.distributed.launch import torchrun_command, under_torchrun
 from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
 from longlive_core.parallel import DaskConfig, make_executor
 from longlive_core.progress import setup_logging
@@ -70,12 +71,11 @@ def main() -> None:
     except ConfigError as exc:
         print(f"encode_latents: {exc}", file=sys.stderr)
         sys.exit(2)
-    if cfg.sp > 1 and "RANK" not in os.environ:  # re-launch as P ranks
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.sp}",
-               "-m", "tasks.encode_latents"]
+    if cfg.sp > 1 and not under_torchrun():  # re-launch as P ranks of this node
+        cmd = torchrun_command("tasks.encode_latents", 1, cfg.sp)
         os.execvp(cmd[0], cmd)
     comm = Comm()
-    if "RANK" in os.environ:
+    if under_torchrun():
         import torch
         import torch.distributed as dist
 

@@ -72,7 +72,7 @@ def run_ranks(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable
     import os
 
     from longlive_core.devices import pick_device
-    from longlive_core.train.launch import launch_command, under_torchrun
+    from longlive_core.distributed.launch import launch_command, under_torchrun
 
     setup_logging()
     if not under_torchrun():

@@ -10,6 +10,7 @@ from typing import Any
 
 from longlive_core.config import ConfigError, stage_config
 from longlive_core.devices import pick_device
+from longlive_core.distributed.launch import under_torchrun
 from longlive_core.latents.encode import EncodeLatentsConfig
 from longlive_core.models.checkpoint import check_dit_weights, save_dit
 from longlive_core.models.config import dit_config
@@ -30,7 +31,6 @@ from longlive_core.models.weights import CheckpointError, weights_identity
 from longlive_core.tracking.lineage import CODE, code_digest, digest_file, digest_json, git_state, runtime_versions
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.data import sample_weights
-from longlive_core.train.launch import under_torchrun
 from tasks.paths import (
     AR_CHECKPOINTS,
     AR_IDENTITY,
@@ -57,7 +57,7 @@ def prepare(params: dict[str, Any]) -> Prepared:
     cfg = stage_config(TrainARConfig, STAGE, params)
     latents = stage_config(EncodeLatentsConfig, "encode_latents", params)
     if not under_torchrun():  # each rank checks its own GPU once started
-        pick_device(cfg.device, f"{STAGE}.device")
+        pick_device(cfg.parallel.device, f"{STAGE}.device")
     if cfg.init != "tiny":
         try:
             check_dit_weights(cfg.init)
@@ -74,7 +74,7 @@ def digest_components(cfg: TrainARConfig) -> dict[str, str]:
     numeric code of training (its speed-only modules left out: tracking/lineage.py)."""
     return {"params": digest_json(cfg.resume_params()), "latent_index": digest_file(LATENT_INDEX),
             "sample_weights": digest_json(sorted(sample_weights(SAMPLES).items())),
-            "init": weights_identity(cfg.init), "world": digest_json({"nnodes": cfg.nnodes, "nproc": cfg.nproc}),
+            "init": weights_identity(cfg.init), "world": digest_json(cfg.parallel.world_layout()),
             CODE: code_digest("longlive_core.train.trainer")}
 
 
@@ -151,7 +151,7 @@ def one_line(s) -> str:
 
 
 def main() -> None:
-    run_ranks(STAGE, prepare, body, one_line, lambda p: p.train)
+    run_ranks(STAGE, prepare, body, one_line, lambda p: p.train.parallel)
 
 
 if __name__ == "__main__":

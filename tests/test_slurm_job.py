@@ -25,7 +25,7 @@ from flows.slurm_job import (
     run_stage_job,
 )
 from longlive_core.config import ConfigError, load_params
-from longlive_core.train.launch import launch_command
+from longlive_core.distributed.launch import launch_command
 
 from .conftest import REPO, cli_env
 

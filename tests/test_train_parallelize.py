@@ -9,20 +9,20 @@ import torch
 import torch.nn.functional as F
 
 from longlive_core.config import ConfigError
-from longlive_core.models.config import DIT_CONFIGS
-from longlive_core.models.wan_dit import WanDiT
-from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
-from longlive_core.quant.recipe import convert_linears, set_forward_high_precision
-from longlive_core.train.config import TrainARConfig
-from longlive_core.train.launch import RDZV_ENV, torchrun_command
-from longlive_core.train.layout import TeacherForcingLayout
-from longlive_core.train.parallelize import (
+from longlive_core.distributed.launch import RDZV_ENV, torchrun_command
+from longlive_core.distributed.parallelize import (
     apply_activation_checkpointing,
     apply_attention,
     apply_sequence_parallel,
     clean_name,
 )
-from longlive_core.train.sequence_parallel import SequenceShard
+from longlive_core.distributed.ulysses import SequenceShard
+from longlive_core.models.config import DIT_CONFIGS
+from longlive_core.models.wan_dit import WanDiT
+from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
+from longlive_core.quant.recipe import convert_linears, set_forward_high_precision
+from longlive_core.train.config import TrainARConfig
+from longlive_core.train.layout import TeacherForcingLayout
 
 
 def loss_and_grads(mode: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from longlive_core.config import ConfigError, flat_section, without_keys
+from longlive_core.distributed.config import ParallelConfig
 from longlive_core.infer.rollout import RolloutConfig
 from longlive_core.quant.recipe import RECIPES
 from longlive_core.train.config import CheckpointConfig, OptimizerConfig
@@ -44,20 +45,15 @@ class DistillDMDConfig:
     stats_samples: int = 2  # val-split prompts, fixed
     teacher_steps: int = 16  # the teacher's sampling steps for those statistics (its shifted schedule)
     memory_comparison: bool = False  # after the run: one iteration's peak GPU memory against BF16 full weights
-    nnodes: int = 1
-    nproc: int = 1
-    sp: int = 1  # Balanced sequence parallelism: ranks (of one node) that distil one prompt together
-    sharding: str = "full"  # full | hybrid (across nodes)
-    device: str = "auto"
+    parallel: ParallelConfig = flat_section(ParallelConfig())  # nnodes, nproc, sp (ranks distilling one prompt)
     checkpoint: CheckpointConfig = flat_section(CheckpointConfig())
     log_every: int = 1
 
     RESUMABLE_ACROSS = ("steps", "stats_every", "stats_samples", "teacher_steps", "memory_comparison", "checkpoint",
-                        "log_every", "device", "activation_checkpointing")
+                        "log_every", "parallel.device", "activation_checkpointing")
 
     def validate(self, where: str) -> None:
-        for key in ("steps", "generator_every", "latent_frames", "grad_frames", "nnodes", "nproc", "log_every",
-                    "teacher_steps"):
+        for key in ("steps", "generator_every", "latent_frames", "grad_frames", "log_every", "teacher_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}.{key} must be at least 1; got {getattr(self, key)}")
         try:
@@ -75,11 +71,6 @@ class DistillDMDConfig:
         if self.activation_checkpointing not in ("none", "full", "selective"):
             raise ConfigError(f"{where}.activation_checkpointing must be none, full or selective; "
                               f"got {self.activation_checkpointing!r}")
-        if self.sharding not in ("full", "hybrid") or (self.sharding == "hybrid" and self.nnodes < 2):
-            raise ConfigError(f"{where}.sharding must be full, or hybrid with nnodes >= 2")
-        if self.sp < 1 or self.nproc % self.sp:
-            raise ConfigError(f"{where}.sp ({self.sp}) must divide nproc ({self.nproc}): a prompt's ranks are on one "
-                              "node")
         if self.stats_every < 0 or self.stats_samples < 0:
             raise ConfigError(f"{where}: stats_every and stats_samples must be >= 0")
         self.lora.validate(f"{where}.lora")
@@ -101,13 +92,8 @@ class DistillDMDConfig:
         return RolloutConfig(chunk_frames, tuple(self.denoising_steps), self.window)
 
     @property
-    def world_size(self) -> int:
-        return self.nnodes * self.nproc
-
-    @property
-    def dp_size(self) -> int:
-        """Groups of ``sp`` ranks that each distil their own prompts."""
-        return self.world_size // self.sp
+    def sp(self) -> int:
+        return self.parallel.sp
 
     def resume_params(self) -> dict:
         """What a checkpoint must have been distilled with to be resumed."""

@@ -37,8 +37,9 @@ from longlive_core.distill.dmd import (
     is_generator_step,
 )
 from longlive_core.distill.roles import FullRoles, LoRARoles
+from longlive_core.distributed.parallelize import ParallelizePlan, parallel_dims, parallelize_dit
+from longlive_core.distributed.ulysses import gather_frames, gather_video, rank_frames
 from longlive_core.infer.rollout import RolloutConfig, rollout
-from longlive_core.infer.sequence_parallel import gather_frames, gather_video, rank_frames
 from longlive_core.latents.files import EMPTY_PROMPT
 from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.folder import read_dit_folder
@@ -47,15 +48,7 @@ from longlive_core.train.checkpointing import CheckpointStore, agree
 from longlive_core.train.data import LatentSamples, TrainSample, generator_for
 from longlive_core.train.flow import FlowMatching
 from longlive_core.train.forward import layout_of, teacher_forcing_velocity
-from longlive_core.train.loop import LoopSettings, MetricsSink, run_steps
-from longlive_core.train.parallelize import (
-    apply_activation_checkpointing,
-    apply_fsdp,
-    apply_sequence_parallel,
-    device_mesh,
-    sequence_groups,
-)
-from longlive_core.train.trainer import peak_memory_mb, sum_over_ranks
+from longlive_core.train.loop import LoopSettings, MetricsSink, peak_memory_mb, run_steps, sum_over_ranks
 
 log = logging.getLogger(__name__)
 STAGE = "distill_dmd"
@@ -112,9 +105,10 @@ class DMDTrainer:
     def __init__(self, cfg: DistillDMDConfig, inputs: DistillInputs, full_weights: bool = False):
         self.cfg, self.inputs = cfg, inputs
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        if self.world != cfg.world_size:
-            raise ConfigError(f"distill_dmd.nnodes x nproc is {cfg.world_size} but {self.world} ranks were started")
-        self.device = pick_device(cfg.device, "distill_dmd.device")
+        self.device = pick_device(cfg.parallel.device, "distill_dmd.device")
+        self.dims = parallel_dims(cfg.parallel, self.device.type, STAGE)
+        self.shard = self.dims.shard
+        self.slot = self.dims.dp_rank  # the SP group's: its ranks distil one prompt together
         self.dtype = getattr(torch, cfg.param_dtype)
         ar = read_dit_folder(inputs.ar_model, "train_ar")
         self.chunk = ar.latent.chunk_frames
@@ -143,21 +137,11 @@ class DMDTrainer:
             torch.manual_seed(generator_for(cfg.seed, "lora-init").initial_seed())
             self.roles = (FullRoles(base) if full_weights else
                           LoRARoles(base, cfg.lora, cfg.recipe, precision.skip, precision.keep_last_blocks))
-        self.shard, _ = sequence_groups(cfg, self.device.type)
-        self.slot = self.rank // cfg.sp  # the SP group's: its ranks distil one prompt together
-        mesh = device_mesh(cfg, self.device.type)
-        for module in self.roles.modules:
-            apply_sequence_parallel(module, self.shard)
-            apply_activation_checkpointing(module, cfg.activation_checkpointing)
-            module.to(self.device)
-            apply_fsdp(module, mesh, self.dtype)
-
-        def adamw(params, o):
-            return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, eps=o.eps,
-                                     fused=self.device.type == "cuda")
-
-        self.critic_opt = adamw(self.roles.critic_params(), cfg.critic_optimizer)
-        self.generator_opt = adamw(self.roles.generator_params(), cfg.generator_optimizer)
+        plan = ParallelizePlan(activation_checkpointing=cfg.activation_checkpointing, param_dtype=self.dtype)
+        for module in self.roles.modules:  # the roles converted their linears themselves (packed, frozen)
+            parallelize_dit(module, self.dims, plan, self.device)
+        self.critic_opt = cfg.critic_optimizer.build(self.roles.critic_params(), self.device)
+        self.generator_opt = cfg.generator_optimizer.build(self.roles.generator_params(), self.device)
         self.optimizers = (self.critic_opt, self.generator_opt)
         self.store = CheckpointStore(inputs.checkpoints, cfg.checkpoint.keep_checkpoints, cfg.checkpoint.keep_runs,
                                      inputs.digest_components, self.roles.is_checkpointed)
@@ -404,7 +388,7 @@ def memory_comparison(cfg: DistillDMDConfig, inputs: DistillInputs, scratch: Pat
     configuration against BF16 full-weight distillation (three whole copies, two of them trained)
     on the same config, each from a fresh trainer; ``scratch`` takes their checkpoint folders.
     Measured on CUDA only: a CPU process's peak RSS mixes in everything else it ever held."""
-    device = pick_device(cfg.device, "distill_dmd.device")
+    device = pick_device(cfg.parallel.device, "distill_dmd.device")
     if device.type != "cuda":
         return {"measured": False, "reason": "GPU memory is measured on CUDA devices only"}
     one = dataclasses.replace(cfg, generator_every=1, stats_every=0)

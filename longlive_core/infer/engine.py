@@ -16,14 +16,14 @@ import time
 import torch
 
 from longlive_core.config import ConfigError
+from longlive_core.distributed.ulysses import WHOLE, SequenceShard, chunk_part, gather_frames
 from longlive_core.infer.decode import FrameStream
 from longlive_core.infer.kv_cache import KVCache, SinkConfig
 from longlive_core.infer.kv_quant import KVQuantConfig
 from longlive_core.infer.prompts import ShotPlan
 from longlive_core.infer.rollout import RolloutConfig, denoise_chunk, write_chunk
-from longlive_core.infer.sequence_parallel import ShardedCache, chunk_part, gather_frames
+from longlive_core.infer.sequence_parallel import ShardedCache
 from longlive_core.models.wan_dit import WanDiT
-from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
 
 KV_FORMATS = ("bf16", "nvfp4")
 PRECISIONS = ("auto", "bf16", "nvfp4", "fp8")

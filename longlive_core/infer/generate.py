@@ -10,7 +10,8 @@ config.json, as training used them. Writes the mp4 (frames streamed in as they a
 file appears only when complete) and ``<out>.json`` beside it: frames, FPS of the denoise loop and
 end to end, peak memory, KV bytes per token, the recipe. The same seed gives the same frames.
 ``--sp P`` re-runs the command under torchrun on P ranks (GPUs, or CPU processes): sequence
-parallelism over each chunk's frames (``infer/sequence_parallel.py``); rank 0 decodes and writes.
+parallelism over each chunk's frames (``infer/sequence_parallel.py``, ``distributed/ulysses.py``); rank 0
+decodes and writes.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ import torch
 
 from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.devices import pick_device
+from longlive_core.distributed.launch import torchrun_command, under_torchrun
+from longlive_core.distributed.ulysses import WHOLE, SequenceShard
 from longlive_core.infer.decode import FrameStream, ShotDecoder
 from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, EngineStats, GenerateConfig, generate
 from longlive_core.infer.model_folder import load_model_folder
@@ -44,8 +47,6 @@ from longlive_core.models.wan_dit import WanDiT
 from longlive_core.models.weights import CheckpointError
 from longlive_core.progress import Progress, setup_logging
 from longlive_core.quant.recipe import convert_linears, convert_linears_fp8
-from longlive_core.train.launch import torchrun_command, under_torchrun
-from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
 from longlive_core.video.writer import VideoWriter
 
 log = logging.getLogger("longlive.generate")

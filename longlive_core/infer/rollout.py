@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import torch
 
+from longlive_core.distributed.ulysses import WHOLE, SequenceShard, chunk_part
 from longlive_core.infer.kv_cache import KVCache
-from longlive_core.infer.sequence_parallel import ShardedCache, chunk_part
+from longlive_core.infer.sequence_parallel import ShardedCache
 from longlive_core.models.wan_dit import WanDiT
-from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,12 +85,14 @@ def digest_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-# Modules that read params, write files atomically, log and record runs: what a stage computes
-# never depends on them, so they are not part of any stage's code (in dvc.yaml or in a reuse key).
+# Modules that read params, write files atomically, log and record runs, or start a stage's ranks:
+# what a stage computes never depends on them, so they are not part of any stage's code (in
+# dvc.yaml or in a reuse key).
 RECORD_KEEPING = frozenset({
     "longlive_core.config", "longlive_core.progress", "longlive_core.io.atomic", "longlive_core.parallel",
     "longlive_core.tracking.lineage", "longlive_core.tracking.mlflow_run", "tasks.stage",
     "longlive_core.train.flops",  # FLOPs and MFU: logged numbers only
+    "longlive_core.distributed.launch",  # the torchrun (or srun) command line
 })
 # Modules that change how fast the math runs, or how its state is kept between runs, never a number
 # it computes: not part of any stage's code either (a launcher edit does not retrain the model). A

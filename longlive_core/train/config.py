@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from longlive_core.config import ConfigError, flat_section, without_keys
+from longlive_core.distributed.config import ParallelConfig
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.quant.recipe import DEFAULT_SKIP, RECIPES
 from longlive_core.train.error_recycling import ErrorRecyclingConfig
@@ -16,6 +17,13 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     eps: float = 1e-8
     grad_clip: float = 1.0  # max total grad norm; 0: no clipping (the norm is still measured and logged)
+
+    def build(self, params, device):
+        """AdamW over ``params`` (fused, one kernel per step, on GPUs)."""
+        import torch
+
+        return torch.optim.AdamW(params, lr=self.lr, betas=tuple(self.betas), weight_decay=self.weight_decay,
+                                 eps=self.eps, fused=device.type == "cuda")
 
     def validate(self, where: str) -> None:
         if self.lr <= 0 or len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -92,11 +100,7 @@ class TrainARConfig:
     activation_checkpointing: str = "none"  # none | full | selective (op-level)
     compile: bool = False  # torch.compile each block (after activation checkpointing, before FSDP)
     attention: str = "rows"  # self-attention: rows (the mask's dense rows on SDPA's fused kernels) | flex (GPUs)
-    sharding: str = "full"  # full | hybrid (shard inside a node, replicate across nodes)
-    nnodes: int = 1
-    nproc: int = 1  # ranks per node (GPUs, or CPU processes)
-    sp: int = 1  # Balanced sequence parallelism: ranks (of one node) that split every sample's frames
-    device: str = "auto"
+    parallel: ParallelConfig = flat_section(ParallelConfig())  # nnodes, nproc, sp, sharding, device
     val_every: int = 50  # validation loss every N steps (and at the last); 0: never
     val_samples: int = 8  # the first N val-split samples, at fixed timesteps and noise
     checkpoint: CheckpointConfig = flat_section(CheckpointConfig())
@@ -107,13 +111,13 @@ class TrainARConfig:
     # what changes no number a checkpoint holds, only how the same math is scheduled, logged or kept
     # (the lineage records the schedule of each step range): a run resumes across a change of these
     RESUMABLE_ACROSS = ("steps", "val_every", "val_samples", "checkpoint", "log_every", "peak_tflops", "export_dtype",
-                        "device", "attention", "activation_checkpointing", "compile", "precision.sqnr_every")
+                        "parallel.device", "attention", "activation_checkpointing", "compile",
+                        "precision.sqnr_every")
 
     def validate(self, where: str) -> None:
         if self.model not in DIT_CONFIGS:
             raise ConfigError(f"{where}.model must be one of {', '.join(DIT_CONFIGS)}; got {self.model!r}")
-        positive = ("steps", "grad_accum", "chunk_frames", "max_latent_frames", "num_train_timesteps", "nnodes",
-                    "nproc", "log_every")
+        positive = ("steps", "grad_accum", "chunk_frames", "max_latent_frames", "num_train_timesteps", "log_every")
         for key in positive:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}.{key} must be at least 1; got {getattr(self, key)}")
@@ -129,18 +133,11 @@ class TrainARConfig:
             raise ConfigError(f"{where}.attention must be rows or flex; got {self.attention!r}")
         if self.latent_source not in ("cache", "online"):
             raise ConfigError(f"{where}.latent_source must be cache or online; got {self.latent_source!r}")
-        if self.sharding not in ("full", "hybrid"):
-            raise ConfigError(f"{where}.sharding must be full or hybrid; got {self.sharding!r}")
-        if self.sharding == "hybrid" and self.nnodes < 2:
-            raise ConfigError(f"{where}.sharding hybrid replicates across nodes: it needs nnodes >= 2")
         if self.export_dtype not in ("bfloat16", "float32"):
             raise ConfigError(f"{where}.export_dtype must be bfloat16 or float32; got {self.export_dtype!r}")
         self._validate_sp(where)
 
     def _validate_sp(self, where: str) -> None:
-        if self.sp < 1 or self.nproc % self.sp:
-            raise ConfigError(f"{where}.sp ({self.sp}) must divide nproc ({self.nproc}): a sample's ranks are on one "
-                              "node (its all-to-all runs every layer)")
         if self.max_latent_frames % (self.sp * self.chunk_frames):
             raise ConfigError(f"{where}.max_latent_frames ({self.max_latent_frames}) must be a multiple of sp x "
                               f"chunk_frames ({self.sp} x {self.chunk_frames}): each rank holds whole chunks")
@@ -154,17 +151,12 @@ class TrainARConfig:
                               f"({self.sp}): each sequence-parallel rank holds whole position buckets")
 
     @property
-    def world_size(self) -> int:
-        return self.nnodes * self.nproc
-
-    @property
-    def dp_size(self) -> int:
-        """Data-parallel replicas: groups of ``sp`` ranks that each train on their own samples."""
-        return self.world_size // self.sp
+    def sp(self) -> int:
+        return self.parallel.sp
 
     @property
     def global_batch(self) -> int:
-        return self.dp_size * self.grad_accum
+        return self.parallel.dp_size * self.grad_accum
 
     def resume_params(self) -> dict:
         """What a checkpoint must have been trained with to be resumed."""

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from longlive_core.train.parallelize import clean_name
+from longlive_core.distributed.parallelize import clean_name
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

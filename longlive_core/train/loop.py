@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +120,19 @@ def write_history(summary: dict, target: Path) -> None:
     """The run's history (each step up to the one exported, as logged) as ``target`` (a report)."""
     rows = [r for r in read_history(Path(summary["checkpoints"]) / HISTORY) if r["step"] <= summary["steps"]]
     write_bytes("".join(json.dumps(r) + "\n" for r in rows).encode(), target)
+
+
+def sum_over_ranks(values: list, device: torch.device) -> list[float]:
+    """Numbers or device scalars (read here, in the one host sync this costs), summed over all ranks."""
+    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _numbers(metrics: dict) -> str:

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import resource
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,10 @@ import torch.nn.functional as F
 
 from longlive_core.config import ConfigError
 from longlive_core.devices import pick_device
+from longlive_core.distributed.parallelize import ParallelDims, ParallelizePlan, parallel_dims, parallelize_dit
+from longlive_core.distributed.ulysses import WHOLE, SequenceShard
+from longlive_core.models.checkpoint import load_dit
+from longlive_core.models.config import dit_config
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.quant.numerics import record_sqnr
 from longlive_core.quant.recipe import set_forward_high_precision
@@ -36,19 +39,7 @@ from longlive_core.train.flops import peak_tflops, step_flops
 from longlive_core.train.flow import FlowMatching
 from longlive_core.train.forward import layout_of, teacher_forcing_velocity
 from longlive_core.train.layout import TeacherForcingLayout
-from longlive_core.train.loop import LoopSettings, MetricsSink, run_steps
-from longlive_core.train.parallelize import (
-    apply_activation_checkpointing,
-    apply_attention,
-    apply_compile,
-    apply_fsdp,
-    apply_precision,
-    apply_sequence_parallel,
-    build_model,
-    device_mesh,
-    sequence_groups,
-)
-from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
+from longlive_core.train.loop import LoopSettings, MetricsSink, peak_memory_mb, run_steps, sum_over_ranks
 
 if TYPE_CHECKING:  # the online source needs PyAV and OpenCV, which GPU images may lack
     from longlive_core.train.online_latents import OnlineSource
@@ -140,20 +131,14 @@ def sample_loss(model: WanDiT, batch: Batch, flow: FlowMatching, chunk: int, dev
     return F.mse_loss(pred, target), layout
 
 
-def sum_over_ranks(values: list, device: torch.device) -> list[float]:
-    """Numbers or device scalars (read here, in the one host sync this costs), summed over all ranks."""
-    t = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
-    dist.all_reduce(t)
-    return t.tolist()
-
-
 def validate(model: WanDiT, data: LatentSamples, cfg: TrainARConfig, flow: FlowMatching, device, dtype,
-             shard: SequenceShard = WHOLE) -> float | None:
-    """Mean loss over the first ``val_samples`` val samples at their fixed timesteps and noise."""
+             dims: ParallelDims) -> float | None:
+    """Mean loss over the first ``val_samples`` val samples at their fixed timesteps and noise, the
+    samples dealt out over the data-parallel replicas."""
     ids = data.sample_ids[: cfg.val_samples]
     if not ids:
         return None
-    dp, dp_rank = dist.get_world_size() // shard.size, dist.get_rank() // shard.size
+    shard, dp, dp_rank = dims.shard, cfg.parallel.dp_size, dims.dp_rank
     total = 0.0
     model.eval()
     with torch.no_grad():
@@ -170,10 +155,15 @@ def validate(model: WanDiT, data: LatentSamples, cfg: TrainARConfig, flow: FlowM
     return total / len(ids)
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def build_model(cfg: TrainARConfig) -> WanDiT:
+    """The starting weights in float32 on the CPU: random from ``init_seed`` (init tiny), or a local
+    Wan2.2-TI2V-5B transformer folder."""
+    dit = dit_config(cfg.model)
+    if cfg.init == "tiny":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.init_seed)
+            return WanDiT(dit)
+    return load_dit(Path(cfg.init), dit, dtype=torch.float32)
 
 
 class Trainer:
@@ -182,9 +172,9 @@ class Trainer:
     def __init__(self, cfg: TrainARConfig, inputs: TrainInputs):
         self.cfg, self.inputs = cfg, inputs
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        if self.world != cfg.world_size:
-            raise ConfigError(f"train_ar.nnodes x nproc is {cfg.world_size} but {self.world} ranks were started")
-        self.device = pick_device(cfg.device, "train_ar.device")
+        self.device = pick_device(cfg.parallel.device, "train_ar.device")
+        self.dims = parallel_dims(cfg.parallel, self.device.type, STAGE)
+        self.shard, self.dp_rank = self.dims.shard, self.dims.dp_rank
         self.dtype = getattr(torch, cfg.precision.param_dtype)
         self.flow = FlowMatching(cfg.num_train_timesteps, cfg.timestep_shift)
         align = cfg.chunk_frames * cfg.sp  # every SP rank holds whole chunks
@@ -200,28 +190,19 @@ class Trainer:
             raise ConfigError(f"no train-split sample in {inputs.latents} has {align} latent frames (sp x "
                               f"chunk_frames; {self.train_set.too_short} too short): encode more data or lower "
                               "train_ar.chunk_frames or train_ar.sp")
-        self.shard, dp_group = sequence_groups(cfg, self.device.type)
-        self.dp_rank = self.rank // cfg.sp
         model = build_model(cfg)
         check_inputs(model, self.train_set.load(self.train_set.sample_ids[0], align, None))
-        self.conversion = apply_precision(model, cfg.precision)
-        apply_attention(model, cfg.attention, self.device)
-        apply_sequence_parallel(model, self.shard)
-        apply_activation_checkpointing(model, cfg.activation_checkpointing)
-        if cfg.compile:
-            apply_compile(model)
-        model.to(self.device)
-        apply_fsdp(model, device_mesh(cfg, self.device.type), self.dtype)
+        p = cfg.precision
+        self.conversion = parallelize_dit(model, self.dims, ParallelizePlan(
+            p.recipe, tuple(p.skip), p.keep_last_blocks, cfg.attention, cfg.activation_checkpointing, cfg.compile,
+            self.dtype), self.device)
         self.model = model
-        o = cfg.optimizer
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas),
-                                           weight_decay=o.weight_decay, eps=o.eps,
-                                           fused=self.device.type == "cuda")  # one kernel per step on GPUs
+        self.optimizer = cfg.optimizer.build(model.parameters(), self.device)
         self.ema = EMA(model, cfg.ema.decay, cfg.ema.start_step)
         self.store = CheckpointStore(inputs.checkpoints, cfg.checkpoint.keep_checkpoints, cfg.checkpoint.keep_runs,
                                      inputs.digest_components)
         er = cfg.error_recycling
-        self.recycler = (ErrorRecycler(er, self.shard.rank, cfg.sp, cfg.num_train_timesteps, dp_group)
+        self.recycler = (ErrorRecycler(er, self.shard.rank, cfg.sp, cfg.num_train_timesteps, self.dims.dp_group)
                          if er.enabled else None)
         self.recycling: dict[str, float] = {}  # the last step's buffer fill and injections (world totals)
         # one thread draws the next micro-batch (CPU noise, shard reads, pinning) while the GPU computes
@@ -230,7 +211,7 @@ class Trainer:
         self._ahead: dict[tuple, concurrent.futures.Future] = {}
 
     def _train_key(self, step: int, micro: int) -> tuple:
-        return ("train", step, micro * self.cfg.dp_size + self.dp_rank)
+        return ("train", step, micro * self.cfg.parallel.dp_size + self.dp_rank)
 
     def _draw(self, key: tuple) -> Batch:
         batch = draw_batch(self.train_set, self.cfg, self.flow, key, shard=self.shard)
@@ -317,7 +298,7 @@ class Trainer:
         if self.peak:
             out["mfu"] = flops / seconds / 1e12 / (self.peak * self.world)
         if cfg.val_every and (done % cfg.val_every == 0 or done == cfg.steps):
-            self.val_loss = validate(self.model, self.val_set, cfg, self.flow, self.device, self.dtype, self.shard)
+            self.val_loss = validate(self.model, self.val_set, cfg, self.flow, self.device, self.dtype, self.dims)
             if self.val_loss is not None:
                 out["val_loss"] = self.val_loss
         self.last_loss = metrics["loss"]

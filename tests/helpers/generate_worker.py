@@ -19,9 +19,9 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from longlive_core.config import from_mapping
+from longlive_core.distributed.ulysses import WHOLE, SequenceShard
 from longlive_core.infer.engine import GenerateConfig
 from longlive_core.infer.generate import prepare_generation
-from longlive_core.train.sequence_parallel import WHOLE, SequenceShard
 from tests.helpers.worker import main_over_runs
 
 

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from longlive_core.config import from_mapping
+from longlive_core.distributed.parallelize import clean_name
 from longlive_core.train.config import TrainARConfig
-from longlive_core.train.parallelize import clean_name
 from longlive_core.train.trainer import Trainer, TrainInputs
 from tests.helpers.worker import main_over_runs
 

@@ -1,11 +1,13 @@
-"""What training applies to the model from outside, in torchtitan's order: the precision recipe,
-sequence parallelism, activation checkpointing, compilation, then FSDP2 sharding."""
+"""How a DiT is made parallel, the same way for every role (the AR trainer, distillation's roles):
+``parallelize_dit`` applies, in torchtitan's order, the precision recipe, the attention kernels,
+sequence parallelism, activation checkpointing, compilation, then FSDP2 sharding over the data-
+parallel mesh. ``parallel_dims`` places this rank in the world once: its sequence-parallel shard, its
+data-parallel group and rank, and the mesh FSDP shards over."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
-import logging
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -16,16 +18,14 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from longlive_core.config import ConfigError
+from longlive_core.distributed.config import ParallelConfig
+from longlive_core.distributed.ulysses import SequenceShard, UlyssesAttention
 from longlive_core.models.attention import attend
-from longlive_core.models.checkpoint import load_dit
-from longlive_core.models.config import dit_config
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.quant.recipe import ConversionReport, convert_linears, set_amax_group
-from longlive_core.train.config import PrecisionConfig, TrainARConfig
-from longlive_core.train.sequence_parallel import SequenceShard, UlyssesAttention
 
-log = logging.getLogger(__name__)
 WRAPPED = "_checkpoint_wrapped_module."  # what checkpoint_wrapper puts in parameter names
+AC_MODES = ("none", "full", "selective")
 
 
 def clean_name(name: str) -> str:
@@ -33,20 +33,61 @@ def clean_name(name: str) -> str:
     return name.replace(WRAPPED, "")
 
 
-def build_model(cfg: TrainARConfig) -> WanDiT:
-    """The starting weights in float32 on the CPU: random from ``init_seed`` (init tiny), or a local
-    Wan2.2-TI2V-5B transformer folder."""
-    dit = dit_config(cfg.model)
-    if cfg.init == "tiny":
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.init_seed)
-            return WanDiT(dit)
-    return load_dit(Path(cfg.init), dit, dtype=torch.float32)
+@dataclasses.dataclass(frozen=True)
+class ParallelDims:
+    """This rank's place in the world."""
+
+    shard: SequenceShard  # its slice of every sample (rank ``shard.rank`` of an SP group of ``shard.size``)
+    dp_rank: int  # which data-parallel replica (SP group) it belongs to
+    dp_group: dist.ProcessGroup  # the ranks that hold the same SP rank of every replica
+    fsdp_mesh: DeviceMesh  # what FSDP shards over: the world, or (nodes, ranks of a node) for hybrid
 
 
-def apply_precision(model: nn.Module, precision: PrecisionConfig) -> ConversionReport:
-    return convert_linears(model, precision.recipe, skip=tuple(precision.skip),
-                           keep_last_blocks=precision.keep_last_blocks)
+def parallel_dims(cfg: ParallelConfig, device_type: str, stage: str) -> ParallelDims:
+    """Collective: the world mesh (data-parallel x sequence-parallel; consecutive ranks form an SP
+    group, so it stays within a node) and the FSDP mesh the sharding asks for."""
+    world = dist.get_world_size()
+    if world != cfg.world_size:
+        raise ConfigError(f"{stage}.nnodes x nproc is {cfg.world_size} but {world} ranks were started")
+    mesh = init_device_mesh(device_type, (cfg.dp_size, cfg.sp), mesh_dim_names=("dp", "sp"))
+    if cfg.sharding == "hybrid":  # shard within a node, replicate across nodes
+        fsdp = init_device_mesh(device_type, (cfg.nnodes, cfg.nproc), mesh_dim_names=("dp_replicate", "dp_shard"))
+    else:
+        fsdp = init_device_mesh(device_type, (world,), mesh_dim_names=("dp_shard",))
+    rank = dist.get_rank()
+    return ParallelDims(SequenceShard(rank % cfg.sp, cfg.sp, mesh.get_group("sp")), rank // cfg.sp,
+                        mesh.get_group("dp"), fsdp)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelizePlan:
+    """What ``parallelize_dit`` applies. ``recipe`` None: the linears are left as they are (a role
+    converted them itself); ``attention`` None: the model's own kernels."""
+
+    recipe: str | None = None
+    skip: tuple[str, ...] = ()  # globs of linear layers the recipe keeps in high precision
+    keep_last_blocks: int = 0
+    attention: str | None = None  # rows | flex
+    activation_checkpointing: str = "none"  # none | full | selective
+    compile: bool = False
+    param_dtype: torch.dtype = torch.bfloat16  # FSDP's gathered compute copy
+
+
+def parallelize_dit(model: WanDiT, dims: ParallelDims, plan: ParallelizePlan, device: torch.device
+                    ) -> ConversionReport | None:
+    """Applies ``plan`` to ``model`` in place, in one order for every role, and moves it to ``device``."""
+    report = None
+    if plan.recipe is not None:
+        report = convert_linears(model, plan.recipe, skip=plan.skip, keep_last_blocks=plan.keep_last_blocks)
+    if plan.attention is not None:
+        apply_attention(model, plan.attention, device)
+    apply_sequence_parallel(model, dims.shard)
+    apply_activation_checkpointing(model, plan.activation_checkpointing)
+    if plan.compile:
+        apply_compile(model)
+    model.to(device)
+    apply_fsdp(model, dims.fsdp_mesh, plan.param_dtype)
+    return report
 
 
 # ops whose outputs selective checkpointing keeps (every second matmul's is recomputed instead):
@@ -97,13 +138,6 @@ def apply_compile(model: WanDiT) -> None:
         block.compile(dynamic=False)
 
 
-def sequence_groups(cfg: TrainARConfig, device_type: str) -> tuple[SequenceShard, dist.ProcessGroup]:
-    """This rank's sequence-parallel shard (consecutive ranks form an SP group, so it stays within a
-    node) and its data-parallel group (the ranks that hold the same SP rank)."""
-    mesh = init_device_mesh(device_type, (cfg.dp_size, cfg.sp), mesh_dim_names=("dp", "sp"))
-    return (SequenceShard(dist.get_rank() % cfg.sp, cfg.sp, mesh.get_group("sp")), mesh.get_group("dp"))
-
-
 def apply_attention(model: WanDiT, backend: str, device: torch.device) -> None:
     """Self-attention's kernels (``train_ar.attention``): the teacher-forcing mask's dense rows on SDPA,
     or FlexAttention's block mask (faster where a rank holds few heads: bench/RESULTS.md)."""
@@ -121,13 +155,7 @@ def apply_sequence_parallel(model: WanDiT, shard: SequenceShard) -> None:
     set_amax_group(model, shard.group)
 
 
-def device_mesh(cfg: TrainARConfig, device_type: str) -> DeviceMesh:
-    if cfg.sharding == "hybrid":  # shard within a node, replicate across nodes
-        return init_device_mesh(device_type, (cfg.nnodes, cfg.nproc), mesh_dim_names=("dp_replicate", "dp_shard"))
-    return init_device_mesh(device_type, (cfg.world_size,), mesh_dim_names=("dp_shard",))
-
-
-def apply_fsdp(model: WanDiT, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
     """FSDP2 per block and at the root. Masters, gradients and optimizer state stay float32; the
     gathered compute copy is ``param_dtype``; gradients reduce in float32. Inputs are not cast: the
     model keeps its per-frame modulation and timesteps in float32 on purpose."""

@@ -82,3 +82,42 @@ class UlyssesAttention:
             raise ValueError(f"{q.shape[1]} attention heads do not split over {size} sequence-parallel ranks")
         q, k, v = tokens_to_heads(torch.stack([q, k, v]), size, group).unbind(0)
         return heads_to_tokens(self.attention_fn(q, k, v, mask_mod), size, group)
+
+
+# collectives over a shard's frames (inference's chunks and distillation's rollouts)
+def gather_frames(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
+    """Every rank's frames (dim 2) of a chunk, in rank order, on every rank."""
+    if shard.size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(shard.size)]
+    dist.all_gather(parts, x.contiguous(), group=shard.group)
+    return torch.cat(parts, dim=2)
+
+
+def chunk_part(chunk: int, shard: SequenceShard) -> tuple[int, int]:
+    """This rank's frames [lo, hi) of every ``chunk``-frame chunk."""
+    if chunk % shard.size:
+        raise ValueError(f"{chunk}-frame chunks do not split over {shard.size} sequence-parallel ranks")
+    return shard.rank * chunk // shard.size, (shard.rank + 1) * chunk // shard.size
+
+
+def gather_video(x: torch.Tensor, shard: SequenceShard, chunk: int) -> torch.Tensor:
+    """(B, C, n F_c/P, h, w): this rank's frames of n chunks -> (B, C, n F_c, h, w), every rank's, in
+    frame order, on every rank (no gradient crosses)."""
+    if shard.size == 1:
+        return x
+    b, c, f, h, w = x.shape
+    k = chunk // shard.size
+    parts = [torch.empty_like(x) for _ in range(shard.size)]
+    dist.all_gather(parts, x.detach().contiguous(), group=shard.group)
+    every = torch.stack(parts).view(shard.size, b, c, f // k, k, h, w)  # (P, B, C, n, k, h, w)
+    return every.permute(1, 2, 3, 0, 4, 5, 6).reshape(b, c, f * shard.size, h, w)
+
+
+def rank_frames(x: torch.Tensor, shard: SequenceShard, chunk: int) -> torch.Tensor:
+    """The inverse of ``gather_video``: this rank's frames of every chunk of a whole video."""
+    if shard.size == 1:
+        return x
+    b, c, f, h, w = x.shape
+    n, k = f // chunk, chunk // shard.size
+    return x.view(b, c, n, shard.size, k, h, w)[:, :, :, shard.rank].reshape(b, c, n * k, h, w)
