@@ -62,6 +62,18 @@ def launch_worker(worker: str, tmp_path: Path, specs: list[dict], nproc: int) ->
     return out
 
 
+def run_worker_here(worker: str, tmp_path: Path, specs: list[dict]) -> Path:
+    """``launch_worker``'s runs on one rank, in this process (the ``gloo_world`` of one rank): the
+    worker's own ``run_one``, without a torchrun start."""
+    import importlib
+
+    run_one = importlib.import_module(f"tests.helpers.{worker}").run_one
+    out = tmp_path / "out"
+    for spec in json.loads(json.dumps(specs)):  # as launch_worker's workers read them
+        run_one(spec, out / spec["name"])
+    return out
+
+
 @pytest.fixture(scope="session")
 def demo_set(tmp_path_factory) -> tuple[Path, dict]:
     """The demo's raw data, made once per session (read-only: copy before changing it)."""

@@ -1,8 +1,8 @@
-"""DMD distillation on tiny models under torchrun: a killed distillation resumes from its own last
-checkpoint exactly (its checkpoints hold the adapters and optimizers, not the frozen backbone); the
-generator's adapter as exported loads onto the AR model with peft and generates what the trained
-generator generates; activation checkpointing changes no loss or gradient; the full-weight baseline
-of the memory comparison runs."""
+"""DMD distillation on tiny models, one rank in this process and two under torchrun: a killed
+distillation resumes from its own last checkpoint exactly (its checkpoints hold the adapters and
+optimizers, not the frozen backbone); the generator's adapter as exported loads onto the AR model
+with peft and generates what the trained generator generates; activation checkpointing changes no
+loss or gradient; the full-weight baseline of the memory comparison runs."""
 from __future__ import annotations
 
 import json
@@ -20,7 +20,7 @@ from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.train.data import generator_for
 
-from .conftest import launch_worker
+from .conftest import launch_worker, run_worker_here
 from .helpers.ar_model import make_ar_model
 from .helpers.latent_cache import SMALL, make_cache
 
@@ -44,13 +44,14 @@ def launch(tmp_path: Path, inputs, runs: list[dict], nproc: int = 1) -> dict[str
     ar, latents = inputs
     specs = [{"checkpoints": str(tmp_path / f"ckpt-{r['name']}"), **r, "ar_model": str(ar), "latents": str(latents),
               "distill_dmd": {**BASE, **r.get("distill_dmd", {}), "nproc": nproc}} for r in runs]
-    out = launch_worker("distill_worker", tmp_path, specs, nproc)
+    out = launch_worker("distill_worker", tmp_path, specs, nproc) if nproc > 1 else run_worker_here(
+        "distill_worker", tmp_path, specs)
     return {r["name"]: {"summary": json.loads((out / r["name"] / "summary.json").read_text()), "out": out / r["name"]}
             for r in runs}
 
 
 @pytest.fixture(scope="module")
-def one_rank(tmp_path_factory, inputs):
+def one_rank(tmp_path_factory, inputs, gloo_world):
     """A run stopped after step 3 and started again, and the same run straight through."""
     tmp = tmp_path_factory.mktemp("one-rank")
     ckpt = str(tmp / "ckpt")
@@ -76,7 +77,7 @@ def test_a_killed_distillation_resumes_from_its_checkpoint_exactly(one_rank):
     assert any(".fake." in k for k in model_keys) and any(".default." in k for k in model_keys)
 
 
-def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_generator(tmp_path, inputs):
+def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_generator(tmp_path, inputs, gloo_world):
     ar, _ = inputs
     runs = launch(tmp_path, inputs, [
         {"name": "f32", "generated": True, "distill_dmd": {"recipe": "bf16", "param_dtype": "float32"}},

@@ -19,7 +19,7 @@ from longlive_core.train.checkpointing import read_history
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.trainer import Trainer, TrainInputs
 
-from .conftest import launch_worker
+from .conftest import launch_worker, run_worker_here
 from .helpers.latent_cache import SMALL, make_cache
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,8 @@ def launch(tmp_path: Path, runs: list[dict], nproc: int = 1) -> dict[str, dict]:
     specs = [{"checkpoints": str(tmp_path / f"ckpt-{r['name']}"), "digest": "d", **r,
               "train_ar": {**BASE, **r.get("train_ar", {}), "nproc": nproc}, "latents": str(r["latents"])}
              for r in runs]
-    out = launch_worker("train_worker", tmp_path, specs, nproc)
+    out = (launch_worker("train_worker", tmp_path, specs, nproc) if nproc > 1 else
+           run_worker_here("train_worker", tmp_path, specs))
     return {r["name"]: {"summary": json.loads((out / r["name"] / "summary.json").read_text()),
                         "out": out / r["name"]} for r in runs}
 
@@ -45,7 +46,7 @@ def latents(tmp_path_factory):
     return make_cache(tmp_path_factory.mktemp("latents"), SMALL)
 
 
-def test_two_ranks_equal_one_rank_with_accumulation(tmp_path, latents):
+def test_two_ranks_equal_one_rank_with_accumulation(tmp_path, latents, gloo_world):
     """The same two global slots: one rank x 2 micro-batches, or two ranks x 1: loss and every
     gradient agree within float32 tolerance (float32 compute, so only summation order differs)."""
     f32 = {"precision": {"param_dtype": "float32"}}

@@ -1,7 +1,8 @@
-"""Balanced sequence parallelism under torchrun on the CPU (gloo), on the 6-head test model: SP=2 and
-SP=3 give SP=1's loss and gradients, SP with FSDP2 over 2 x 2 ranks too, NVFP4's round-to-nearest
-forward matches once amaxes are reduced over the SP group, and error recycling gives the same
-losses, buffer fill and injections on 2 ranks as on 1 and resumes its buffers from checkpoints."""
+"""Balanced sequence parallelism on the CPU (gloo; one rank in this process, more under torchrun),
+on the 6-head test model: SP=2 and SP=3 give SP=1's loss and gradients, SP with FSDP2 over 2 x 2
+ranks too, NVFP4's round-to-nearest forward matches once amaxes are reduced over the SP group,
+and error recycling gives the same losses, buffer fill and injections on 2 ranks as on 1 and
+resumes its buffers from checkpoints."""
 from __future__ import annotations
 
 import pytest
@@ -25,7 +26,7 @@ FP4 = {**SP, "precision": {"recipe": "nvfp4", "param_dtype": "float32"}}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, gloo_world):
     tmp = tmp_path_factory.mktemp("sp")
     latents = make_cache(tmp / "latents", SP_CACHE)
 
