@@ -11,7 +11,7 @@ from typing import Any
 
 from longlive_core.config import ConfigError, stage_config
 from longlive_core.devices import pick_device
-from longlive_core.distill.merge import MergeW4A4Config
+from longlive_core.distill.config import MergeW4A4Config
 from longlive_core.io.atomic import atomic_dir, write_json
 from longlive_core.models.folder import (
     CONFIG,

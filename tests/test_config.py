@@ -56,3 +56,35 @@ def test_ingest_validation_errors():
         from_mapping(IngestConfig, {"source": "x", "workers": 0}, "ingest")
     with pytest.raises(ConfigError, match="start with a dot"):
         from_mapping(IngestConfig, {"source": "x", "extensions": ["mp4"]}, "ingest")
+
+
+def test_the_training_stages_configs_import_nothing_heavy():
+    """What validates params (flows, `longlive plan`, a launcher before torchrun) reads the configs
+    without importing torch."""
+    import subprocess
+    import sys
+
+    modules = ["longlive_core.train.config", "longlive_core.distill.config", "longlive_core.distributed.config",
+               "longlive_core.infer.config", "longlive_core.quant.config"]
+    code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
+            "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_shared_sections_sit_at_the_stages_level_in_params():
+    """The parallel and checkpoint sections are typed objects of their own, their keys where they
+    always were (train_ar.nproc, distill_dmd.checkpoint_every): flows and `longlive plan` read them."""
+    from longlive_core.distill.config import DistillDMDConfig
+    from longlive_core.train.config import TrainARConfig
+
+    params = load_params(REPO / "params.yaml")
+    for cls, stage in ((TrainARConfig, "train_ar"), (DistillDMDConfig, "distill_dmd")):
+        cfg = stage_config(cls, stage, params)
+        assert cfg.parallel.nproc == params[stage]["nproc"] and cfg.checkpoint.keep_runs == params[stage]["keep_runs"]
+        with pytest.raises(ConfigError, match=rf"{stage}\.sp \(3\) must divide nproc \(2\)"):
+            from_mapping(cls, {**params[stage], "nproc": 2, "sp": 3}, stage)
+        with pytest.raises(ConfigError, match=rf"{stage}\.keep_runs must be at least 1"):
+            from_mapping(cls, {**params[stage], "keep_runs": 0}, stage)
+        with pytest.raises(ConfigError, match="unknown key"):
+            from_mapping(cls, {**params[stage], "parallel": {"nproc": 2}}, stage)

@@ -172,3 +172,15 @@ def test_train_ars_run_digest_sees_the_sample_weights_and_numeric_code_only(tmp_
     flow = tmp_path / "code/longlive_core/train/flow.py"
     flow.write_text(flow.read_text() + "\nSHIFT_FLOOR = 1e-3\n")
     assert {k for k, v in train_ar.digest_components(cfg).items() if base[k] != v} == {"code"}
+
+
+def test_no_code_imports_a_name_from_a_lazy_package_root():
+    """longlive_core.quant's root hands out its names lazily, which the closure cannot follow: the
+    project's code imports its modules instead (``from longlive_core.quant import triton_kernels``)."""
+    import ast
+
+    for path in [*(REPO / "longlive_core").rglob("*.py"), *(REPO / "tasks").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "longlive_core.quant":
+                for alias in node.names:
+                    assert lineage._module_file(f"longlive_core.quant.{alias.name}"), (path, alias.name)

@@ -1,12 +1,13 @@
-"""The typed configuration of DMD distillation (``params.yaml``'s ``distill_dmd`` section)."""
+"""The typed configurations of DMD distillation and the W4A4 merge (``params.yaml``'s ``distill_dmd``
+and ``merge_w4a4`` sections): nothing here imports torch."""
 from __future__ import annotations
 
 import dataclasses
 
 from longlive_core.config import ConfigError, flat_section, without_keys
 from longlive_core.distributed.config import ParallelConfig
-from longlive_core.infer.rollout import RolloutConfig
-from longlive_core.quant.recipe import RECIPES
+from longlive_core.infer.config import RolloutConfig
+from longlive_core.quant.config import NVFP4_RECIPE_NAMES, RECIPE_NAMES
 from longlive_core.train.config import CheckpointConfig, OptimizerConfig
 
 
@@ -64,8 +65,8 @@ class DistillDMDConfig:
             raise ConfigError(f"{where}.window must be at least one latent frame, or null; got {self.window}")
         if not 0 <= self.min_timestep < self.max_timestep <= 1000 or self.timestep_shift <= 0:
             raise ConfigError(f"{where}: need 0 <= min_timestep < max_timestep <= 1000 and timestep_shift > 0")
-        if self.recipe not in RECIPES:
-            raise ConfigError(f"{where}.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
+        if self.recipe not in RECIPE_NAMES:
+            raise ConfigError(f"{where}.recipe must be one of {', '.join(RECIPE_NAMES)}; got {self.recipe!r}")
         if self.param_dtype not in ("bfloat16", "float32"):
             raise ConfigError(f"{where}.param_dtype must be bfloat16 or float32; got {self.param_dtype!r}")
         if self.activation_checkpointing not in ("none", "full", "selective"):
@@ -98,3 +99,22 @@ class DistillDMDConfig:
     def resume_params(self) -> dict:
         """What a checkpoint must have been distilled with to be resumed."""
         return without_keys(self, self.RESUMABLE_ACROSS)
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeW4A4Config:
+    recipe: str = "nvfp4"  # nvfp4 (16x16 weight tiles) | nvfp4-4over6
+    dtype: str = "bfloat16"  # the tensors outside the packed layers (the skip list, norms, modulation)
+    calibration_inputs: int = 8  # fixed chunk inputs whose layer inputs calibrate input_global_scale
+    eval_inputs: int = 8  # other fixed chunk inputs for the W4A4-against-BF16 output error
+    seed: int = 0
+    device: str = "auto"
+
+    def validate(self, where: str) -> None:
+        if self.recipe not in NVFP4_RECIPE_NAMES:
+            raise ConfigError(f"{where}.recipe must be an NVFP4 recipe ({', '.join(NVFP4_RECIPE_NAMES)}); got "
+                              f"{self.recipe!r}")
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ConfigError(f"{where}.dtype must be bfloat16 or float32; got {self.dtype!r}")
+        if self.calibration_inputs < 1 or self.eval_inputs < 1:
+            raise ConfigError(f"{where}: calibration_inputs and eval_inputs must be at least 1")

@@ -3,7 +3,6 @@ linear layer quantized to packed NVFP4 (no high-precision copy kept), and the fi
 the result is compared with the BF16 merged model."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -13,27 +12,7 @@ from longlive_core.distill.lora import merge_adapter
 from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.folder import DiTFolder
 from longlive_core.models.wan_dit import WanDiT
-from longlive_core.quant.recipe import RECIPES
 from longlive_core.train.data import LatentSamples, generator_for
-
-
-@dataclasses.dataclass(frozen=True)
-class MergeW4A4Config:
-    recipe: str = "nvfp4"  # nvfp4 (16x16 weight tiles) | nvfp4-4over6
-    dtype: str = "bfloat16"  # the tensors outside the packed layers (the skip list, norms, modulation)
-    calibration_inputs: int = 8  # fixed chunk inputs whose layer inputs calibrate input_global_scale
-    eval_inputs: int = 8  # other fixed chunk inputs for the W4A4-against-BF16 output error
-    seed: int = 0
-    device: str = "auto"
-
-    def validate(self, where: str) -> None:
-        if RECIPES.get(self.recipe) is None:
-            raise ConfigError(f"{where}.recipe must be an NVFP4 recipe ({', '.join(k for k, v in RECIPES.items() if v)}"
-                              f"); got {self.recipe!r}")
-        if self.dtype not in ("bfloat16", "float32"):
-            raise ConfigError(f"{where}.dtype must be bfloat16 or float32; got {self.dtype!r}")
-        if self.calibration_inputs < 1 or self.eval_inputs < 1:
-            raise ConfigError(f"{where}: calibration_inputs and eval_inputs must be at least 1")
 
 
 def merged_model(ar_dir: Path, ar_config: DiTFolder, dmd_dir: Path) -> WanDiT:

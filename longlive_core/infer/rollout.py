@@ -11,27 +11,15 @@ engine both run this loop.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 import torch
 
 from longlive_core.distributed.ulysses import WHOLE, SequenceShard, chunk_part
+from longlive_core.infer.config import RolloutConfig
 from longlive_core.infer.kv_cache import KVCache
 from longlive_core.infer.sequence_parallel import ShardedCache
 from longlive_core.models.wan_dit import WanDiT
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    chunk_frames: int = 8
-    steps: tuple[int, ...] = (1000, 946, 854, 681, 0)
-    window: int | None = 32  # latent frames of keys a chunk reads besides its own; None: all before it
-
-    def __post_init__(self) -> None:
-        s = self.steps
-        if len(s) < 2 or s[-1] != 0 or any(a <= b for a, b in zip(s, s[1:])) or s[0] > 1000:
-            raise ValueError(f"steps must descend from at most 1000 to 0; got {list(s)}")
 
 
 def denoise_chunk(model: WanDiT, x: torch.Tensor, text: torch.Tensor, positions: torch.Tensor,

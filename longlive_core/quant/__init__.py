@@ -24,21 +24,20 @@ reference for round-to-nearest) and the GEMM is one cuBLASLt call per product; e
 eager PyTorch. Nothing in a layer's step waits for the GPU and the stochastic-rounding seed is
 drawn on the device, so a training step with converted layers can be captured in a CUDA graph.
 """
-from longlive_core.quant.gemm import emulated_mm, quantize_partial
-from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
-from longlive_core.quant.numerics import SQNRRecord, record_sqnr
-from longlive_core.quant.nvfp4 import NVFP4Tensor, quantize_nvfp4
-from longlive_core.quant.recipe import (
-    DEFAULT_SKIP,
-    RECIPES,
-    ConversionReport,
-    convert_linears,
-    set_amax_group,
-    set_forward_high_precision,
-)
+import importlib
 
-__all__ = [
-    "DEFAULT_SKIP", "RECIPES", "ConversionReport", "NVFP4Linear", "NVFP4Recipe", "NVFP4Tensor", "SQNRRecord",
-    "convert_linears", "emulated_mm", "quantize_nvfp4", "quantize_partial", "record_sqnr",
-    "set_amax_group", "set_forward_high_precision",
-]
+# name -> the module that defines it: imported when first asked for, so importing a light module of
+# this package (``quant.config``, recipe names for params) does not pull in torch and Triton
+_EXPORTS = {
+    "emulated_mm": "gemm", "quantize_partial": "gemm", "NVFP4Linear": "linear", "NVFP4Recipe": "linear",
+    "SQNRRecord": "numerics", "record_sqnr": "numerics", "NVFP4Tensor": "nvfp4", "quantize_nvfp4": "nvfp4",
+    "DEFAULT_SKIP": "config", "RECIPES": "recipe", "ConversionReport": "recipe", "convert_linears": "recipe",
+    "set_amax_group": "recipe", "set_forward_high_precision": "recipe",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -17,6 +17,7 @@ import logging
 
 from torch import nn
 
+from longlive_core.quant.config import DEFAULT_SKIP, NVFP4_RECIPE_NAMES, RECIPE_NAMES
 from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
 from longlive_core.quant.packed import PackedNVFP4Linear
 
@@ -27,7 +28,7 @@ RECIPES: dict[str, NVFP4Recipe | None] = {
     "nvfp4": NVFP4Recipe(),
     "nvfp4-4over6": NVFP4Recipe(four_over_six="mse"),
 }
-DEFAULT_SKIP = ("*embed*", "*patch_embedding*", "*time_projection*", "*head*", "*norm*")
+assert tuple(RECIPES) == RECIPE_NAMES and tuple(k for k, v in RECIPES.items() if v) == NVFP4_RECIPE_NAMES
 
 
 @dataclasses.dataclass

@@ -6,8 +6,7 @@ import dataclasses
 from longlive_core.config import ConfigError, flat_section, without_keys
 from longlive_core.distributed.config import ParallelConfig
 from longlive_core.models.config import DIT_CONFIGS
-from longlive_core.quant.recipe import DEFAULT_SKIP, RECIPES
-from longlive_core.train.error_recycling import ErrorRecyclingConfig
+from longlive_core.quant.config import DEFAULT_SKIP, RECIPE_NAMES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +60,7 @@ class EMAConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionConfig:
-    recipe: str = "bf16"  # bf16 | nvfp4 | nvfp4-4over6 (quant.RECIPES)
+    recipe: str = "bf16"  # bf16 | nvfp4 | nvfp4-4over6 (quant.recipe.RECIPES)
     skip: tuple[str, ...] = DEFAULT_SKIP  # globs of linear layers kept in high precision
     keep_last_blocks: int = 0  # the last blocks stay BF16 (torchtitan's NVFP4 guide: about 15%)
     forward_bf16_from_step: int | None = None  # from this step the forward GEMMs run BF16, dgrad/wgrad NVFP4
@@ -69,14 +68,42 @@ class PrecisionConfig:
     sqnr_every: int = 50  # per-layer SQNR logged every N steps (NVFP4 recipes); 0: never
 
     def validate(self, where: str) -> None:
-        if self.recipe not in RECIPES:
-            raise ConfigError(f"{where}.recipe must be one of {', '.join(RECIPES)}; got {self.recipe!r}")
+        if self.recipe not in RECIPE_NAMES:
+            raise ConfigError(f"{where}.recipe must be one of {', '.join(RECIPE_NAMES)}; got {self.recipe!r}")
         if self.param_dtype not in ("bfloat16", "float32"):
             raise ConfigError(f"{where}.param_dtype must be bfloat16 or float32; got {self.param_dtype!r}")
         if self.keep_last_blocks < 0 or self.sqnr_every < 0:
             raise ConfigError(f"{where}: keep_last_blocks and sqnr_every must be >= 0")
         if self.forward_bf16_from_step is not None and self.recipe == "bf16":
             raise ConfigError(f"{where}.forward_bf16_from_step switches an NVFP4 recipe's forward; recipe is bf16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorRecyclingConfig:
+    enabled: bool = False
+    timestep_buckets: int = 50
+    position_buckets: int = 4  # relative place of a chunk in its window; a multiple of train_ar.sp
+    entries_per_bucket: int = 500
+    warmup_steps: int = 50  # steps whose errors every data-parallel rank of an SP rank stores
+    start_step: int = 0  # no injection before this step
+    clean_prob: float = 0.2  # a sample gets no error at all
+    context_prob: float = 0.9
+    latent_prob: float = 0.9
+    noise_prob: float = 0.01
+    modulate: float = 0.3
+    store_dtype: str = "bfloat16"  # errors are kept in CPU memory in this dtype
+
+    def validate(self, where: str) -> None:
+        positive = ("timestep_buckets", "position_buckets", "entries_per_bucket")
+        if any(getattr(self, k) < 1 for k in positive) or self.warmup_steps < 0 or self.start_step < 0:
+            raise ConfigError(f"{where}: {', '.join(positive)} must be >= 1; warmup_steps, start_step >= 0")
+        for key in ("clean_prob", "context_prob", "latent_prob", "noise_prob"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"{where}.{key} must be a probability in [0, 1]; got {getattr(self, key)}")
+        if not 0 <= self.modulate < 1:
+            raise ConfigError(f"{where}.modulate must be in [0, 1); got {self.modulate}")
+        if self.store_dtype not in ("bfloat16", "float32"):
+            raise ConfigError(f"{where}.store_dtype must be bfloat16 or float32; got {self.store_dtype!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,36 +26,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from longlive_core.config import ConfigError
+from longlive_core.train.config import ErrorRecyclingConfig
 from longlive_core.train.data import generator_for
-
-
-@dataclasses.dataclass(frozen=True)
-class ErrorRecyclingConfig:
-    enabled: bool = False
-    timestep_buckets: int = 50
-    position_buckets: int = 4  # relative place of a chunk in its window; a multiple of train_ar.sp
-    entries_per_bucket: int = 500
-    warmup_steps: int = 50  # steps whose errors every data-parallel rank of an SP rank stores
-    start_step: int = 0  # no injection before this step
-    clean_prob: float = 0.2  # a sample gets no error at all
-    context_prob: float = 0.9
-    latent_prob: float = 0.9
-    noise_prob: float = 0.01
-    modulate: float = 0.3
-    store_dtype: str = "bfloat16"  # errors are kept in CPU memory in this dtype
-
-    def validate(self, where: str) -> None:
-        positive = ("timestep_buckets", "position_buckets", "entries_per_bucket")
-        if any(getattr(self, k) < 1 for k in positive) or self.warmup_steps < 0 or self.start_step < 0:
-            raise ConfigError(f"{where}: {', '.join(positive)} must be >= 1; warmup_steps, start_step >= 0")
-        for key in ("clean_prob", "context_prob", "latent_prob", "noise_prob"):
-            if not 0 <= getattr(self, key) <= 1:
-                raise ConfigError(f"{where}.{key} must be a probability in [0, 1]; got {getattr(self, key)}")
-        if not 0 <= self.modulate < 1:
-            raise ConfigError(f"{where}.modulate must be in [0, 1); got {self.modulate}")
-        if self.store_dtype not in ("bfloat16", "float32"):
-            raise ConfigError(f"{where}.store_dtype must be bfloat16 or float32; got {self.store_dtype!r}")
 
 
 def position_bucket(chunk: int, chunks: int, buckets: int) -> int:
