@@ -12,6 +12,8 @@ import pytest
 
 from longlive_core.data.demo import DemoDataConfig, make_demo_data
 
+from .helpers.gloo import gloo_world  # noqa: F401  (a fixture)
+
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
@@ -39,15 +41,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def gloo_world():
-    """A process group of one rank (gloo) in this pytest process: trainers and checkpoint stores run
-    in-process, as one rank of a torchrun job; multi-rank equality tests still go through torchrun."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
 
 
 def launch_worker(worker: str, tmp_path: Path, specs: list[dict], nproc: int) -> Path:
