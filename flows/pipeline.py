@@ -10,6 +10,7 @@ attached (tasks.record_pipeline).
     longlive-flow                                  # every stage
     longlive-flow --target ingest                  # ingest and the stages it needs
     longlive-flow --executor slurm                 # every stage as a Slurm job, whatever params say
+    longlive-flow --dry-run                        # the stages `dvc status` would run; nothing runs
 """
 from __future__ import annotations
 
@@ -52,6 +53,23 @@ def stage_order(repo_root: str | Path, targets: list[str] | None = None) -> list
                 keep |= {by_name[t]} | nx.descendants(graph, by_name[t])
             graph = graph.subgraph(keep)
         return [s.name for s in dependency_order(graph)]
+
+
+def pending_stages(repo_root: str | Path) -> tuple[list[str], list[str]]:
+    """(stages DVC sees as changed, stages downstream of them that may run after them): what
+    `dvc repro` would do, without running anything. A downstream stage is skipped at run time when
+    what it reads comes out byte-identical, so the second list is an upper bound."""
+    from dvc.repo import Repo
+
+    with Repo(str(repo_root)) as repo:
+        changed = {key.rsplit(":", 1)[-1] for key in repo.status()}  # "path/dvc.yaml:stage" from elsewhere
+        graph = repo.index.graph  # an edge points from a stage to a stage it depends on
+        by_name = {s.name: s for s in graph.nodes}
+        after = set()
+        for name in changed & set(by_name):
+            after |= {s.name for s in nx.ancestors(graph, by_name[name])}
+        order = [s.name for s in dependency_order(graph)]
+    return [s for s in order if s in changed], [s for s in order if s in after - changed]
 
 
 def _stream(cmd: list[str], cwd: Path, logger) -> int:
@@ -159,7 +177,14 @@ def exit_on_signal(signum, frame):
 
 def cancel_jobs_on_signals() -> None:
     """SIGINT and SIGTERM to a command-line run cancel its Slurm jobs before it exits."""
-    cancel_jobs_on_signals()
+    signal.signal(signal.SIGTERM, exit_on_signal)
+    signal.signal(signal.SIGINT, exit_on_signal)
+
+
+def dry_run_text(changed: list[str], after: list[str]) -> str:
+    """``pending_stages``' answer in a line, for --dry-run (nothing runs)."""
+    return (f"would run: {', '.join(changed) or 'nothing'}; then, if their outputs change: "
+            f"{', '.join(after) or 'nothing'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -168,9 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", action="append", help="a stage to run with its upstream stages (repeatable)")
     ap.add_argument("--executor", choices=EXECUTORS, help="run every stage here or as Slurm jobs (overrides "
                     "params orchestration for this run)")
+    ap.add_argument("--dry-run", action="store_true", help="print the stages `dvc status` would run; run nothing")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, exit_on_signal)
-    signal.signal(signal.SIGINT, exit_on_signal)
+    if args.dry_run:
+        print(dry_run_text(*pending_stages(args.repo)))
+        return 0
+    cancel_jobs_on_signals()
     longlive_pipeline(repo_root=args.repo, targets=args.target, executor=args.executor)
     return 0
 

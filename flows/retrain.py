@@ -16,12 +16,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import networkx as nx
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.config import EXECUTORS
-from flows.pipeline import cancel_jobs_on_signals, dependency_order, longlive_pipeline
+from flows.pipeline import cancel_jobs_on_signals, dry_run_text, longlive_pipeline, pending_stages
 from longlive_core.tracking.lineage import digest_file
 
 SCORES = Path("reports/evaluate/scores.json")
@@ -36,23 +35,6 @@ class Outcome:
     version: str | None = None
     reasons: list[str] = field(default_factory=list)
     new_videos: int | None = None
-
-
-def pending_stages(repo_root: str | Path) -> tuple[list[str], list[str]]:
-    """(stages DVC sees as changed, stages downstream of them that may run after them): what
-    `dvc repro` would do, without running anything. A downstream stage is skipped at run time when
-    what it reads comes out byte-identical, so the second list is an upper bound."""
-    from dvc.repo import Repo
-
-    with Repo(str(repo_root)) as repo:
-        changed = {key.rsplit(":", 1)[-1] for key in repo.status()}  # "path/dvc.yaml:stage" from elsewhere
-        graph = repo.index.graph  # an edge points from a stage to a stage it depends on
-        by_name = {s.name: s for s in graph.nodes}
-        after = set()
-        for name in changed & set(by_name):
-            after |= {s.name for s in nx.ancestors(graph, by_name[name])}
-        order = [s.name for s in dependency_order(graph)]
-    return [s for s in order if s in changed], [s for s in order if s in after - changed]
 
 
 def read_outcome(repo_root: str | Path, scores_before: str | None) -> Outcome:
@@ -95,8 +77,7 @@ def retrain(repo_root: str = ".", dry_run: bool = False, executor: str | None = 
     root = Path(repo_root).resolve()
     if dry_run:
         changed, after = pending_stages(root)
-        text = (f"would run: {', '.join(changed) or 'nothing'}; then, if their outputs change: "
-                f"{', '.join(after) or 'nothing'}")
+        text = dry_run_text(changed, after)
         logger.info("dry run: %s", text)
         create_markdown_artifact(key="retrain-dry-run", markdown=f"## dry run\n\n{text}\n")
         return {"dry_run": True, "changed": changed, "may_run_after": after}

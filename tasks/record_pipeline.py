@@ -3,6 +3,7 @@ run id of each stage's latest run as tags. dvc.lock only exists once the stages 
 runs after the pipeline, not inside a stage."""
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -48,7 +49,8 @@ def record_pipeline(repo_root: str | Path = ".", run_id: str | None = None) -> s
         return run.run_id
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(prog="longlive-record-pipeline", description=__doc__).parse_args(argv)
     setup_logging()
     record_pipeline()
     sys.exit(0)
