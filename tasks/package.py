@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from longlive_core.config import ConfigError, stage_config
+from longlive_core.evaluate.verdict import SETTINGS_TAG
 from longlive_core.models.folder import read_adapter_folder, read_dit_folder
 from longlive_core.package.config import PackageConfig
 from tasks.paths import DIST, DMD_MODEL, EVALUATE_SCORES, W4A4_MODEL
@@ -78,7 +79,8 @@ def body(p: Prepared, run) -> dict:
     else:
         log.info("package.s3_uri is not set: the bundle stays in %s/, not published", DIST)
     run.log_metrics(scores["aggregate"])  # the champion's scores, for the next evaluate's verdict
-    run.set_tags({"bundle.version": version, **({"bundle.uri": published} if published else {})})
+    run.set_tags({"bundle.version": version, SETTINGS_TAG: json.dumps(scores["settings"], sort_keys=True),
+                  **({"bundle.uri": published} if published else {})})
     registered = None
     if p.cfg.register:
         aliases = registry_aliases(scores["verdict"])

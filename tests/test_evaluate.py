@@ -1,16 +1,28 @@
 """evaluate's metrics on crafted videos whose answer is known, the verdict, and the registry lookup."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
+from longlive_core.config import ConfigError
+from longlive_core.evaluate.config import VERDICT_METRICS, EvaluateConfig
 from longlive_core.evaluate.metrics import VideoStats, shot_switch
-from longlive_core.evaluate.verdict import verdict
+from longlive_core.evaluate.suite import score_video, suite_settings
+from longlive_core.evaluate.verdict import (
+    DEFAULT_MARGINS,
+    SETTINGS_TAG,
+    Champion,
+    RegistryRead,
+    VerdictRules,
+    needs_rescoring,
+    verdict,
+)
 from longlive_core.shots.detect import ShotsConfig, detect_cuts
-from longlive_core.tracking.mlflow_run import StageRun, TrackingConfig
-from longlive_core.video.synth import ShotSpec, VideoSpec, render_shot, write_video
+from longlive_core.tracking.mlflow_run import RegistryError, StageRun, TrackingConfig
+from longlive_core.video.synth import ShotSpec, VideoSpec, encode_frames, render_shot, write_video
 
 W, H = 96, 64
 
@@ -60,28 +72,118 @@ def test_shot_switch_scores_cuts_in_the_asked_place_and_penalises_missing_and_un
     assert shot_switch([], [], 4)["accuracy"] == 1.0
 
 
+SETTINGS = {"suite": "s", "seed": 0, "steps": [1000, 0], "kv": "bf16", "window": 6, "global_sink": 2,
+            "shot_sink": 2, "prompt_enhancement": None, "fvd_reference": None}
+
+
+def rules(**changes) -> VerdictRules:
+    cfg = dataclasses.replace(EvaluateConfig(suite={"a": "x"}), **changes)
+    cfg.validate("evaluate")
+    return cfg.verdict_rules()
+
+
+def champion(**scores) -> RegistryRead:
+    return RegistryRead(Champion("m v1", scores, SETTINGS))
+
+
 def test_the_verdict_passes_within_the_margins_fails_outside_and_passes_with_no_champion():
     margins = {"temporal_flickering": 0.01, "shot_switch_accuracy": 0.1}
-    champion = {"temporal_flickering": 0.95, "shot_switch_accuracy": 0.8}
-    close = verdict({"temporal_flickering": 0.945, "shot_switch_accuracy": 0.75}, champion, margins, "m v1", "-")
+    theirs = champion(temporal_flickering=0.95, shot_switch_accuracy=0.8)
+    ours = {"temporal_flickering": 0.945, "shot_switch_accuracy": 0.75, "motion": 1.0}
+    close = verdict(ours, SETTINGS, theirs, rules(margins=margins))
     assert close["passed"] and close["champion"] == "m v1"
-    worse = verdict({"temporal_flickering": 0.95, "shot_switch_accuracy": 0.6}, champion, margins, "m v1", "-")
+    worse = verdict({**ours, "shot_switch_accuracy": 0.6}, SETTINGS, theirs, rules(margins=margins))
     assert not worse["passed"] and any("shot_switch_accuracy" in r and "worse" in r for r in worse["reasons"])
-    none = verdict({"temporal_flickering": 0.1}, None, margins, "-", "no champion registered as m")
-    assert none["passed"] and none["reasons"] == ["no champion registered as m: nothing to compare with"]
+    none = verdict(ours, SETTINGS, RegistryRead(), rules(registered_model="m"))
+    assert none["passed"] and none["reasons"][-1] == "no champion registered as m: nothing to compare with"
+    # FVD is lower-is-better, its margin in its own unit
+    fvd = champion(fvd=100.0)
+    assert verdict({"fvd": 120.0, "motion": 1.0}, SETTINGS, fvd, rules())["passed"]  # within the default 25
+    assert not verdict({"fvd": 130.0, "motion": 1.0}, SETTINGS, fvd, rules())["passed"]
+    assert verdict({"fvd": 60.0, "motion": 1.0}, SETTINGS, fvd, rules())["passed"]
+
+
+def test_a_registry_that_cannot_be_read_fails_the_verdict_and_never_reads_as_no_champion(tmp_path):
+    """Tracking off, or a store that cannot be opened (it fails at once: no network timeout)."""
+    ours = {"temporal_flickering": 0.99, "motion": 1.0}
+    (tmp_path / "a-file").write_text("not a folder")
+    for cfg in (TrackingConfig(enabled=False),
+                TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/a-file/mlflow.db")):
+        with StageRun(cfg, "evaluate", repo_root=tmp_path) as run:
+            with pytest.raises(RegistryError) as caught:
+                run.registered_alias("longlive-2.0", "champion")
+        judged = verdict(ours, SETTINGS, RegistryRead(failure=str(caught.value)), rules())
+        assert not judged["passed"] and judged["champion"] is None
+        assert "the MLflow registry could not be read" in judged["reasons"][-1]
+
+
+def test_a_frozen_video_fails_on_the_motion_floor_whatever_the_champion(tmp_path):
+    """66 grey frames in two shots: perfect flicker and consistency, and no motion."""
+    grey = [np.full((H, W, 3), 120, np.uint8)] * 66
+    path = tmp_path / "frozen.mp4"
+    encode_frames(path, grey, 24, W, H)
+    side = {"frames": 66, "fps": 24.0, "denoise_fps": 1.0, "end_to_end_fps": 1.0,
+            "shots": [{"video_frames": 33, "prompts": ["a"]}, {"video_frames": 33, "prompts": ["b"]}]}
+    cfg = EvaluateConfig(suite={"a": "x"})
+    scores = score_video(path, side, cfg, ShotsConfig(), tmp_path / "sheet.png", [])
+    assert scores["temporal_flickering"] == 1.0 and scores["within_shot_consistency"] == 1.0
+    assert scores["motion"] < 1e-3
+    against = champion(temporal_flickering=0.97, within_shot_consistency=0.80, shot_switch_accuracy=0.0)
+    for registry in (against, RegistryRead()):  # a first release is held to the floor too
+        judged = verdict({k: scores[k] for k in (*VERDICT_METRICS, "motion")}, SETTINGS, registry,
+                         rules(min_motion=0.01))
+        assert not judged["passed"] and "a still video" in judged["reasons"][0]
+    moving = shot(24, 0.2, 1)
+    encode_frames(tmp_path / "moving.mp4", moving, 24, W, H)
+    side_moving = {**side, "frames": 24, "shots": [{"video_frames": 24, "prompts": ["a"]}]}
+    assert score_video(tmp_path / "moving.mp4", side_moving, cfg, ShotsConfig(), tmp_path / "s.png", [])[
+        "motion"] > 0.01
+
+
+def test_margins_merge_over_the_defaults_and_a_metric_one_side_lacks_fails_unless_optional():
+    partial = rules(margins={"temporal_flickering": 0.2})
+    assert partial.margins["temporal_flickering"] == 0.2
+    assert partial.margins["within_shot_consistency"] == DEFAULT_MARGINS["within_shot_consistency"]
+    ours = {"temporal_flickering": 0.9, "within_shot_consistency": 0.5, "motion": 1.0}
+    # within_shot_consistency is still compared with its default margin though the user gave one margin
+    judged = verdict(ours, SETTINGS, champion(temporal_flickering=0.95, within_shot_consistency=0.8), partial)
+    assert not judged["passed"] and any(r.startswith("within_shot_consistency") and "worse" in r
+                                        for r in judged["reasons"])
+    lacking = champion(temporal_flickering=0.9, within_shot_consistency=0.5)  # no imaging quality then
+    ours_iq = {**ours, "imaging_quality": 0.6}
+    judged = verdict(ours_iq, SETTINGS, lacking, rules())
+    assert not judged["passed"] and "imaging_quality: the champion has no score: cannot be compared" in " ".join(
+        judged["reasons"])
+    assert verdict(ours_iq, SETTINGS, lacking, rules(optional_metrics=("imaging_quality",)))["passed"]
+    with pytest.raises(ConfigError, match="unknown metric"):
+        rules(margins={"sharpness": 0.1})
+
+
+def test_scores_made_under_other_settings_are_not_compared_unless_the_champion_is_rescored():
+    theirs = RegistryRead(Champion("m v1", {"temporal_flickering": 0.5}, {**SETTINGS, "steps": [1000, 500, 0]}))
+    judged = verdict({"temporal_flickering": 0.9, "motion": 1.0}, SETTINGS, theirs, rules())
+    assert not judged["passed"] and "other settings (steps)" in judged["reasons"][-1]
+    old = RegistryRead(Champion("m v1", {"temporal_flickering": 0.5}, None))  # recorded before settings were
+    assert not verdict({"temporal_flickering": 0.9, "motion": 1.0}, SETTINGS, old, rules())["passed"]
+    assert needs_rescoring({"temporal_flickering": 0.9}, SETTINGS, old.champion, rules())
+    assert not needs_rescoring({"temporal_flickering": 0.9}, SETTINGS, champion(temporal_flickering=0.5).champion,
+                               rules())
 
 
 def test_the_champion_alias_is_read_from_the_mlflow_registry(tmp_path):
     cfg = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "art"))
     with StageRun(cfg, "evaluate", repo_root=tmp_path) as run:
-        assert run.registered_alias("longlive-2.0", "champion") == (None, None)  # no such model yet
+        assert run.registered_alias("longlive-2.0", "champion") is None  # no such model yet
         run.log_metrics({"temporal_flickering": 0.93})
+        run.set_tags({SETTINGS_TAG: json.dumps(SETTINGS)})
         client = run._client
         client.create_registered_model("longlive-2.0")
         version = client.create_model_version("longlive-2.0", "runs:/x/bundle", run_id=run.run_id)
-        assert run.registered_alias("longlive-2.0", "champion") == (None, None)  # no alias yet
+        assert run.registered_alias("longlive-2.0", "champion") is None  # no alias yet
         client.set_registered_model_alias("longlive-2.0", "champion", version.version)
-        assert run.registered_alias("longlive-2.0", "champion") == ("1", {"temporal_flickering": 0.93})
+        found = run.registered_alias("longlive-2.0", "champion")
+        assert (found.version, found.metrics, json.loads(found.tags[SETTINGS_TAG])) == (
+            "1", {"temporal_flickering": 0.93}, SETTINGS)
         assert run.active
 
 
@@ -109,3 +211,37 @@ def test_vbench_aggregation_on_crafted_results(tmp_path):
     (tmp_path / "c_eval_results.json").write_text(json.dumps({"sharpness": [0.5, []]}))
     with pytest.raises(VBenchResultError, match="'sharpness' is not a VBench dimension"):
         read_results([tmp_path / "c_eval_results.json"])
+
+
+def test_a_champion_scored_under_other_settings_is_fetched_and_scored_again_under_these(tmp_path):
+    """evaluate.rescore_champion: the champion's registered bundle is downloaded and its model
+    scored by the candidate's own suite and settings, so the two are compared like for like."""
+    import shutil
+
+    from longlive_core.infer.engine import GenerateConfig
+    from tasks import evaluate as stage
+
+    from .helpers.ar_model import make_ar_model
+
+    make_ar_model(tmp_path / "bundle" / "model", chunk_frames=2)
+    cfg = EvaluateConfig(suite={"one": "0.4\ta red kite\n"}, rescore_champion=True, min_motion=0.0)
+    generate = GenerateConfig(window=6, global_sink=2, shot_sink=2, device="cpu", default_duration_s=0.4)
+    p = stage.Prepared(cfg, generate, ShotsConfig())
+    settings = suite_settings(cfg, generate, generate.steps(None), None)
+    tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "art"))
+    with StageRun(tracking, "package", repo_root=tmp_path) as run:  # the champion, as package registered it
+        run.log_metrics({"temporal_flickering": 0.5})
+        run.set_tags({SETTINGS_TAG: json.dumps({**settings, "steps": [1000, 0]})})
+        assert run.register("longlive-2.0", tmp_path / "bundle", ["champion"], {})
+    shutil.rmtree(tmp_path / "bundle")  # only the registry's copy is left
+    candidate = {"aggregate": {"temporal_flickering": 0.9, "motion": 1.0}, "settings": settings}
+    with StageRun(tracking, "evaluate", repo_root=tmp_path) as run:
+        registry = stage.read_champion(run, p, candidate, "cpu")
+        assert registry.champion.rescored and registry.champion.settings == settings
+        assert 0 < registry.champion.scores["temporal_flickering"] <= 1 and "motion" not in registry.champion.scores
+        judged = verdict(candidate["aggregate"], settings, registry, cfg.verdict_rules())
+        assert judged["champion"] == "longlive-2.0 v1 (rescored here)"
+        without = stage.read_champion(run, stage.Prepared(dataclasses.replace(cfg, rescore_champion=False), generate,
+                                                          ShotsConfig()), candidate, "cpu")
+        assert not without.champion.rescored
+        assert not verdict(candidate["aggregate"], settings, without, cfg.verdict_rules())["passed"]

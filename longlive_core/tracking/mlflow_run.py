@@ -62,6 +62,19 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+class RegistryError(RuntimeError):
+    """The model registry could not be read: whether a champion exists is unknown."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredVersion:
+    version: str
+    run_id: str
+    source: str  # where its artifacts are (runs:/<run>/bundle)
+    metrics: dict[str, float]  # of the run it was registered from
+    tags: dict[str, str]
+
+
 class StageRun:
     """Context manager around ``mlflow.start_run`` for one DVC stage."""
 
@@ -178,22 +191,36 @@ class StageRun:
                                                         self._client.log_artifact)(self.run_id, str(path),
                                                                                    artifact_path))
 
-    def registered_alias(self, name: str, alias: str) -> tuple[str | None, dict[str, float] | None]:
-        """(version, the metrics of the run it was registered from) of registered model ``name``'s
-        ``alias``; (None, None) when the model or the alias does not exist, or the store cannot be read
-        (``self.active`` then turns False)."""
+    def registered_alias(self, name: str, alias: str) -> RegisteredVersion | None:
+        """Registered model ``name``'s ``alias``: its version, and the metrics and tags of the run it
+        was registered from; None when the model or the alias does not exist. Raises RegistryError
+        when the registry cannot be read (tracking off, unreachable, an error): an absent champion
+        and an unknown one are not the same answer."""
         from mlflow.exceptions import MlflowException
 
-        def fetch():
+        if not self.active:
+            raise RegistryError("MLflow tracking is off (tracking.enabled: false)" if not self.cfg.enabled else
+                                f"MLflow tracking failed earlier in this stage (store {redact_uri(self.uri)})")
+        try:
             try:
                 version = self._client.get_model_version_by_alias(name, alias)
             except MlflowException as exc:
                 if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-                    return None, None
+                    return None
                 raise
-            return str(version.version), dict(self._client.get_run(version.run_id).data.metrics)
+            data = self._client.get_run(version.run_id).data
+            return RegisteredVersion(str(version.version), version.run_id, version.source, dict(data.metrics),
+                                     dict(data.tags))
+        except Exception as exc:  # any failure to read is an unknown champion, never "none"
+            first = str(exc).splitlines()[0][:300] if str(exc) else ""
+            raise RegistryError(f"{type(exc).__name__}: {first} (store {redact_uri(self.uri)})") from None
 
-        return self._safe("reading the model registry", fetch) or (None, None)
+    def download(self, artifact_uri: str, directory: str | Path) -> Path:
+        """A registered version's artifacts (``runs:/<run>/bundle``, as ``register`` records them)."""
+        import mlflow.artifacts
+
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(directory),
+                                                        tracking_uri=self.uri))
 
     def register(self, name: str, directory: str | Path, aliases: list[str], tags: Mapping[str, str]) -> str | None:
         """Logs ``directory`` as this run's ``bundle`` artifact and registers it as a new version of
