@@ -60,6 +60,9 @@ def read_outcome(repo_root: str | Path, scores_before: str | None) -> Outcome:
         return Outcome(False, f"the verdict passed but bundle {report.get('version')} was not registered "
                               "(package.register is false or the registry was unreachable)",
                        version=report.get("version"), reasons=reasons)
+    if not report.get("promoted"):
+        return Outcome(False, f"the verdict passed but bundle {report['version']} was not promoted: "
+                              f"{report.get('promotion')}", version=report["version"], reasons=reasons)
     return Outcome(True, f"bundle {report['version']} is the new champion (registry version "
                          f"{report['registered_version']})", version=report["version"], reasons=reasons)
 

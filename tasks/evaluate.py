@@ -20,8 +20,9 @@ from longlive_core.evaluate.config import EvaluateConfig
 from longlive_core.evaluate.verdict import SETTINGS_TAG, RegistryRead
 from longlive_core.infer.engine import GenerateConfig
 from longlive_core.models.folder import read_dit_folder
+from longlive_core.models.identity import identity_digest
 from longlive_core.shots.detect import ShotsConfig
-from tasks.paths import EVALUATE_SCORES, EVALUATE_SHEETS, EVALUATE_VIDEOS, W4A4_MODEL
+from tasks.paths import EVALUATE_SCORES, EVALUATE_SHEETS, EVALUATE_VIDEOS, W4A4_IDENTITY, W4A4_MODEL
 from tasks.stage import main_for
 
 STAGE = "evaluate"
@@ -64,7 +65,7 @@ def read_champion(run, p: Prepared, scores: dict, device) -> RegistryRead:
         return RegistryRead()
     settings = json.loads(found.tags[SETTINGS_TAG]) if SETTINGS_TAG in found.tags else None
     champion = Champion(f"{p.cfg.registered_model} v{found.version}",
-                        {k: v for k, v in found.metrics.items() if k in METRICS}, settings)
+                        {k: v for k, v in found.metrics.items() if k in METRICS}, settings, version=found.version)
     if not (p.cfg.rescore_champion and needs_rescoring(scores["aggregate"], scores["settings"], champion,
                                                        p.cfg.verdict_rules())):
         return RegistryRead(champion)
@@ -74,7 +75,7 @@ def read_champion(run, p: Prepared, scores: dict, device) -> RegistryRead:
         again = evaluate_suite(bundle / "model", p.cfg, p.generate, p.shots,
                                SuiteRun(Path(tmp) / "videos", Path(tmp) / "sheets"), device)
     return RegistryRead(Champion(champion.label, {k: v for k, v in again["aggregate"].items() if k in METRICS},
-                                 again["settings"], rescored=True))
+                                 again["settings"], rescored=True, version=found.version))
 
 
 def body(p: Prepared, run) -> dict:
@@ -98,7 +99,7 @@ def body(p: Prepared, run) -> dict:
                          if (v := vbench["aggregate"][k]) is not None})
     registry = read_champion(run, p, scores, device)
     judged = verdict(scores["aggregate"], scores["settings"], registry, p.cfg.verdict_rules())
-    scores = {**scores, "verdict": judged,
+    scores = {**scores, "verdict": judged, "candidate_identity": identity_digest(W4A4_IDENTITY),
               **({"champion_rescored": registry.champion.scores} if registry.champion and registry.champion.rescored
                  else {})}
     write_json(scores, EVALUATE_SCORES)

@@ -16,7 +16,7 @@ from longlive_core.config import ConfigError, stage_config
 from longlive_core.evaluate.verdict import SETTINGS_TAG
 from longlive_core.models.folder import read_adapter_folder, read_dit_folder
 from longlive_core.package.config import PackageConfig
-from tasks.paths import DIST, DMD_MODEL, EVALUATE_SCORES, W4A4_MODEL
+from tasks.paths import DIST, DMD_MODEL, EVALUATE_SCORES, W4A4_IDENTITY, W4A4_MODEL
 from tasks.stage import main_for, report_path
 
 STAGE = "package"
@@ -54,9 +54,11 @@ def body(p: Prepared, run) -> dict:
     from longlive_core.data.s3_mirror import s3_client
     from longlive_core.infer.model_folder import W4A4_WEIGHTS
     from longlive_core.io.atomic import atomic_dir
+    from longlive_core.models.identity import identity_digest
     from longlive_core.package.bundle import VERSION, file_sha256, upload, verify_dir, write_sums
     from longlive_core.package.card import model_card
-    from longlive_core.package.config import registry_aliases
+    from longlive_core.package.config import promotion
+    from longlive_core.tracking.mlflow_run import RegistryError
 
     scores = json.loads(EVALUATE_SCORES.read_text())
     model_config = read_dit_folder(W4A4_MODEL, "merge_w4a4")
@@ -81,15 +83,22 @@ def body(p: Prepared, run) -> dict:
     run.log_metrics(scores["aggregate"])  # the champion's scores, for the next evaluate's verdict
     run.set_tags({"bundle.version": version, SETTINGS_TAG: json.dumps(scores["settings"], sort_keys=True),
                   **({"bundle.uri": published} if published else {})})
-    registered = None
+    registered, why, aliases = None, "package.register is false", []
     if p.cfg.register:
-        aliases = registry_aliases(scores["verdict"])
-        registered = run.register(p.registered_model, DIST, aliases, {"bundle.version": version})
+        identity = identity_digest(W4A4_IDENTITY)
+        try:
+            found, failure = run.registered_alias(p.registered_model, "champion"), None
+        except RegistryError as exc:
+            found, failure = None, str(exc)
+        aliases, why = promotion(scores, identity, found.version if found else None, failure)
+        registered = run.register(p.registered_model, DIST, aliases, {"bundle.version": version}, identity)
         if registered:
-            log.info("registered %s version %s, aliases %s", p.registered_model, registered, ", ".join(aliases))
+            log.info("registered %s version %s, aliases %s: %s", p.registered_model, registered, ", ".join(aliases),
+                     why)
     return {"version": version, "files": len(sums), "bytes": sum(f.stat().st_size for f in Path(DIST).rglob("*")
                                                                   if f.is_file()),
-            "published": published, "registered_version": registered, "verdict_passed": scores["verdict"]["passed"]}
+            "published": published, "registered_version": registered, "verdict_passed": scores["verdict"]["passed"],
+            "promoted": bool(registered) and "champion" in aliases, "promotion": why}
 
 
 def one_line(s) -> str:

@@ -232,7 +232,7 @@ def test_a_champion_scored_under_other_settings_is_fetched_and_scored_again_unde
     with StageRun(tracking, "package", repo_root=tmp_path) as run:  # the champion, as package registered it
         run.log_metrics({"temporal_flickering": 0.5})
         run.set_tags({SETTINGS_TAG: json.dumps({**settings, "steps": [1000, 0]})})
-        assert run.register("longlive-2.0", tmp_path / "bundle", ["champion"], {})
+        assert run.register("longlive-2.0", tmp_path / "bundle", ["champion"], {}, "identity-1")
     shutil.rmtree(tmp_path / "bundle")  # only the registry's copy is left
     candidate = {"aggregate": {"temporal_flickering": 0.9, "motion": 1.0}, "settings": settings}
     with StageRun(tracking, "evaluate", repo_root=tmp_path) as run:

@@ -9,8 +9,8 @@ import pytest
 
 from longlive_core.cli import main as longlive
 from longlive_core.package.bundle import SUMS, BundleError, fetch, upload, verify_dir, verify_s3, write_sums
-from longlive_core.package.config import registry_aliases
-from longlive_core.tracking.mlflow_run import StageRun, TrackingConfig
+from longlive_core.package.config import promotion
+from longlive_core.tracking.mlflow_run import RegistryError, StageRun, TrackingConfig
 
 from .helpers.moto import KEY_ID, REGION, moto_server, s3
 
@@ -83,16 +83,38 @@ def test_publishing_verifies_by_reading_back_never_overwrites_and_fetches_whole(
     assert not (tmp_path / "again").exists() and not list(tmp_path.glob(".again*"))
 
 
-def test_candidate_always_moves_and_champion_only_on_a_passing_verdict(tmp_path):
+def test_candidate_always_moves_and_champion_only_on_a_passing_verdict_of_this_model(tmp_path):
     cfg = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "art"))
     bundle = make_bundle(tmp_path / "b")
-    versions = {}
-    for name, passed in (("first", True), ("second", False)):
+
+    def scores(passed, identity, against):
+        return {"candidate_identity": identity, "verdict": {"passed": passed, "champion_version": against}}
+
+    def package(name, scores_, identity):
         with StageRun(cfg, "package", repo_root=tmp_path) as run:
-            versions[name] = run.register("longlive-2.0", bundle, registry_aliases({"passed": passed}),
-                                          {"bundle.version": name})
-            client = run._client
-    assert versions == {"first": "1", "second": "2"}
-    assert str(client.get_model_version_by_alias("longlive-2.0", "candidate").version) == "2"
-    assert str(client.get_model_version_by_alias("longlive-2.0", "champion").version) == "1"
+            try:
+                found = run.registered_alias("longlive-2.0", "champion")
+            except RegistryError:
+                found = None
+            aliases, why = promotion(scores_, identity, found.version if found else None)
+            return run.register("longlive-2.0", bundle, aliases, {"bundle.version": name}, identity), why, run._client
+
+    assert package("first", scores(True, "a", None), "a")[:2] == ("1", "the verdict passed against no champion")
+    version, why, _ = package("second", scores(False, "b", "1"), "b")
+    assert version == "2" and why == "the verdict failed: the champion stays"
+    # judged model b, but the folder now holds c (models/w4a4 changed after evaluate)
+    version, why, _ = package("third", scores(True, "b", "1"), "c")
+    assert version == "3" and "judged another model" in why
+    # the verdict compared with version 1; a champion registered since (version 4) must not be overturned by it
+    with StageRun(cfg, "package", repo_root=tmp_path) as run:
+        assert run.register("longlive-2.0", bundle, ["candidate", "champion"], {}, "d") == "4"
+    version, why, client = package("fifth", scores(True, "e", "1"), "e")
+    assert version == "5" and "champion changed since the verdict" in why
+    assert str(client.get_model_version_by_alias("longlive-2.0", "champion").version) == "4"
+    assert str(client.get_model_version_by_alias("longlive-2.0", "candidate").version) == "5"
+    # the same weights registered again are the same version: its aliases move, nothing new is made
+    version, why, client = package("again", scores(True, "e", "4"), "e")
+    assert version == "5" and str(client.get_model_version_by_alias("longlive-2.0", "champion").version) == "5"
+    assert len(client.search_model_versions("name='longlive-2.0'")) == 5
     assert client.get_model_version("longlive-2.0", "2").tags["bundle.version"] == "second"
+    assert promotion(scores(True, "a", None), "a", None, "the store is down")[0] == ["candidate"]

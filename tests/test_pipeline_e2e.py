@@ -446,6 +446,9 @@ def test_package_writes_a_verified_bundle_and_registers_it_as_candidate_and_cham
     assert champion.tags["bundle.version"] == version
     assert str(client.get_model_version_by_alias("longlive-2.0", "candidate").version) == str(champion.version)
     assert champion.run_id == report(repo, "package")["mlflow_run_id"]
+    assert report(repo, "package")["promoted"] and "against no champion" in report(repo, "package")["promotion"]
+    scores = json.loads((repo / "reports/evaluate/scores.json").read_text())
+    assert champion.tags["model.identity"] == scores["candidate_identity"]  # the model the verdict judged
 
 
 def test_train_ar_split_over_two_sp_ranks_encoding_online_gives_the_one_rank_losses(demo_repro, tmp_path):

@@ -33,9 +33,13 @@ def test_outcomes_on_crafted_verdicts(tmp_path):
     _write(tmp_path, FAILED, {"verdict_passed": False, "registered_version": "4", "version": "v4"})
     out = read_outcome(tmp_path, None)
     assert not out.promoted and "champion stays" in out.message and "shot_switch_accuracy 0.50" in out.message
-    _write(tmp_path, PASSED, {"verdict_passed": True, "registered_version": "5", "version": "v5"})
+    _write(tmp_path, PASSED, {"verdict_passed": True, "registered_version": "5", "version": "v5", "promoted": True})
     out = read_outcome(tmp_path, None)
     assert out.promoted and out.version == "v5" and "new champion" in out.message
+    _write(tmp_path, PASSED, {"verdict_passed": True, "registered_version": "5", "version": "v5", "promoted": False,
+                              "promotion": "the champion changed since the verdict"})
+    out = read_outcome(tmp_path, None)
+    assert not out.promoted and "not promoted: the champion changed since the verdict" in out.message
     unchanged = digest_file(tmp_path / "reports/evaluate/scores.json")
     assert "no new model" in read_outcome(tmp_path, unchanged).message
     _write(tmp_path, PASSED, {"verdict_passed": True, "registered_version": None, "version": "v6"})
@@ -53,7 +57,7 @@ def test_retrain_flow_dry_run_and_verdicts(repo_copy, monkeypatch):
         _write(repo_copy, *next(verdicts))
 
     verdicts = iter([(FAILED, {"verdict_passed": False, "registered_version": "2", "version": "v2"}),
-                     (PASSED, {"verdict_passed": True, "registered_version": "3", "version": "v3"})])
+                     (PASSED, {"verdict_passed": True, "registered_version": "3", "version": "v3", "promoted": True})])
     with prefect_test_harness(server_startup_timeout=120):
         dry = retrain(repo_root=str(repo_copy), dry_run=True)
         # a fresh checkout: every stage is pending, the graph's order

@@ -39,6 +39,7 @@ class Champion:
     scores: dict[str, float]  # its suite aggregate
     settings: dict | None  # what those scores were made under (None: not recorded, an older champion)
     rescored: bool = False  # scored again here under the candidate's settings
+    version: str | None = None  # its registry version: package promotes only over this one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,16 +84,17 @@ def verdict(scores: dict[str, float], settings: dict, registry: RegistryRead, ru
     if registry.failure is not None:
         reasons.append(f"the MLflow registry could not be read ({registry.failure}): no champion to compare "
                        "with, so nothing is promoted")
-        return {"passed": False, "champion": None, "reasons": reasons}
+        return {"passed": False, "champion": None, "champion_version": None, "reasons": reasons}
     champion = registry.champion
     if champion is None:
         reasons.append(f"no champion registered as {rules.registered_model}: nothing to compare with")
-        return {"passed": passed, "champion": None, "reasons": reasons}
+        return {"passed": passed, "champion": None, "champion_version": None, "reasons": reasons}
     differ = settings_differences(settings, champion.settings)
     if differ:
         reasons.append(f"the champion's scores were made under other settings ({', '.join(differ)}): not "
                        "comparable; set evaluate.rescore_champion: true to score it under these")
-        return {"passed": False, "champion": champion.label, "reasons": reasons}
+        return {"passed": False, "champion": champion.label, "champion_version": champion.version,
+                "reasons": reasons}
     for metric in sorted({*scores, *champion.scores} & set(METRICS)):
         higher, margin = METRICS[metric][0], rules.margins[metric]
         ours, theirs = scores.get(metric), champion.scores.get(metric)
@@ -110,4 +112,4 @@ def verdict(scores: dict[str, float], settings: dict, registry: RegistryRead, ru
         reasons.append(f"{metric}: {ours:.4f} against the champion's {theirs:.4f} ({'higher' if higher else 'lower'} "
                        f"is better, margin {margin}): {'ok' if ok else 'worse'}")
     return {"passed": passed, "champion": champion.label + (" (rescored here)" if champion.rescored else ""),
-            "reasons": reasons}
+            "champion_version": champion.version, "reasons": reasons}

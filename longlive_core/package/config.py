@@ -22,6 +22,25 @@ class PackageConfig:
                 raise ConfigError(str(e)) from None
 
 
-def registry_aliases(verdict: dict) -> list[str]:
-    """``candidate`` always moves to the new version; ``champion`` only when the verdict passed."""
-    return ["candidate", "champion"] if verdict["passed"] else ["candidate"]
+def promotion(scores: dict, identity: str, champion_now: str | None, registry_failure: str | None = None
+              ) -> tuple[list[str], str]:
+    """(the aliases the bundle gets, why): ``candidate`` always; ``champion`` only for the model the
+    verdict judged (``identity``: the bundled model's, against the one evaluate scored), when it
+    passed, and when the champion it was compared with (``champion_now``: the registry's champion
+    version now, None for none) is still the champion."""
+    verdict = scores["verdict"]
+    judged, against = scores.get("candidate_identity"), verdict.get("champion_version")
+    if not verdict["passed"]:
+        return ["candidate"], "the verdict failed: the champion stays"
+    if judged != identity:
+        return ["candidate"], (f"the verdict judged another model (identity {judged}, this one is {identity}): rerun "
+                               "evaluate; the champion stays")
+    if registry_failure is not None:
+        return ["candidate"], f"the registry could not be read to check the champion ({registry_failure}): not promoted"
+    if champion_now != against:
+        return ["candidate"], (f"the champion changed since the verdict (compared with "
+                               f"{'none' if against is None else 'version ' + against}, now "
+                               f"{'none' if champion_now is None else 'version ' + champion_now}): rerun evaluate; "
+                               "not promoted")
+    return ["candidate", "champion"], ("the verdict passed against no champion" if against is None else
+                                       f"the verdict passed against version {against}, still the champion")

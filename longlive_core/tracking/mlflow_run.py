@@ -62,6 +62,9 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+IDENTITY_TAG = "model.identity"  # a registered version's model identity (reports/merge_w4a4/identity.json's digest)
+
+
 class RegistryError(RuntimeError):
     """The model registry could not be read: whether a champion exists is unknown."""
 
@@ -222,21 +225,36 @@ class StageRun:
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=str(directory),
                                                         tracking_uri=self.uri))
 
-    def register(self, name: str, directory: str | Path, aliases: list[str], tags: Mapping[str, str]) -> str | None:
-        """Logs ``directory`` as this run's ``bundle`` artifact and registers it as a new version of
-        ``name`` (created if new) with ``aliases`` moved to it; the version, or None untracked."""
+    def register(self, name: str, directory: str | Path, aliases: list[str], tags: Mapping[str, str],
+                 identity: str) -> str | None:
+        """Registers the bundle ``directory`` as a version of ``name`` (created if new) with ``aliases``
+        moved to it; the version, or None untracked. The same model (``identity``: the weights and how
+        they run) is one version: registered again, its version gets the aliases, nothing new."""
         from mlflow.exceptions import MlflowException
 
-        self.log_artifact(directory, "bundle")
+        def same_model() -> str | None:
+            for v in self._client.search_model_versions(f"name='{name}'"):
+                if v.tags.get(IDENTITY_TAG) == identity:
+                    return str(v.version)
+            return None
+
+        known = self._safe("reading the model registry", same_model)
+        if known is None and self.active:
+            self.log_artifact(directory, "bundle")
 
         def register_version() -> str:
+            if known is not None:
+                for alias in aliases:
+                    self._client.set_registered_model_alias(name, alias, known)
+                return known
             try:
                 self._client.create_registered_model(name)
             except MlflowException as exc:
                 if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
             source = self._client.get_run(self.run_id).info.artifact_uri.rstrip("/") + "/bundle"
-            version = self._client.create_model_version(name, source, run_id=self.run_id, tags=dict(tags))
+            version = self._client.create_model_version(name, source, run_id=self.run_id,
+                                                        tags={**tags, IDENTITY_TAG: identity})
             for alias in aliases:
                 self._client.set_registered_model_alias(name, alias, version.version)
             return str(version.version)
