@@ -19,6 +19,7 @@ from longlive_core.config import ConfigError, load_params, stage_config
 from longlive_core.data.roots import SourceError
 from longlive_core.io.atomic import write_json
 from longlive_core.models.weights import CheckpointError
+from longlive_core.package.bundle import BundleError
 from longlive_core.progress import setup_logging
 from longlive_core.tracking.mlflow_run import StageRun, TrackingConfig
 
@@ -52,7 +53,7 @@ def run_stage(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable
             write_json(summary, report_path(stage))
             run.log_artifact(report_path(stage))
     # what shows only once working (a bucket that says no, weights that do not fit their model)
-    except (ConfigError, SourceError, CheckpointError) as exc:
+    except (ConfigError, SourceError, CheckpointError, BundleError) as exc:
         log.error("%s: %s", stage, exc)
         return 2
     log.info("%s: %s (%.1fs)", stage, one_line(summary), summary["elapsed_s"])

@@ -67,8 +67,11 @@ def test_publishing_verifies_by_reading_back_never_overwrites_and_fetches_whole(
     published = upload(client, root, f"s3://{BUCKET}/longlive")
     assert published == f"s3://{BUCKET}/longlive/v1-wabc/"
     assert verify_s3(client, published) == "v1-wabc"
-    with pytest.raises(BundleError, match="already holds a published bundle"):
-        upload(client, root, f"s3://{BUCKET}/longlive")
+    assert upload(client, root, f"s3://{BUCKET}/longlive") == published  # already there: this very bundle
+    other = make_bundle(tmp_path / "other")  # the same version with other bytes: never over what is published
+    with pytest.raises(BundleError, match="already holds other bytes"):
+        upload(client, other, f"s3://{BUCKET}/longlive")
+    assert verify_s3(client, published) == "v1-wabc"
     assert longlive(["bundle", "verify", published, "--endpoint-url", endpoint]) == 0
     dest = tmp_path / "fetched"
     assert longlive(["bundle", "fetch", published, str(dest), "--endpoint-url", endpoint]) == 0
@@ -118,3 +121,78 @@ def test_candidate_always_moves_and_champion_only_on_a_passing_verdict_of_this_m
     assert len(client.search_model_versions("name='longlive-2.0'")) == 5
     assert client.get_model_version("longlive-2.0", "2").tags["bundle.version"] == "second"
     assert promotion(scores(True, "a", None), "a", None, "the store is down")[0] == ["candidate"]
+
+
+class CutAfter:
+    """An S3 client whose puts fail after ``n`` objects: a network cut in the middle of a publish."""
+
+    def __init__(self, client, n: int):
+        self.client, self.left = client, n
+
+    def _count(self):
+        if self.left == 0:
+            raise ConnectionError("the network went away")
+        self.left -= 1
+
+    def put_object(self, **kwargs):
+        self._count()
+        return self.client.put_object(**kwargs)
+
+    def complete_multipart_upload(self, **kwargs):
+        self._count()
+        return self.client.complete_multipart_upload(**kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def test_a_publish_cut_short_is_completed_by_the_next_and_racing_publishers_agree(endpoint, tmp_path):
+    """The third object fails: the prefix holds two objects and no SHA256SUMS; the next publish (a
+    Prefect retry) writes the rest, where it once refused the prefix for good. Two publishers of one
+    bundle at once both end with it published; one of another bundle under the same version is refused."""
+    import concurrent.futures
+
+    client = s3(endpoint, SECRET)
+    root = make_bundle(tmp_path / "b", version="v2-wcut")
+    with pytest.raises(ConnectionError):
+        upload(CutAfter(client, 2), root, f"s3://{BUCKET}/cut")
+    with pytest.raises(BundleError, match="no SHA256SUMS"):
+        verify_s3(client, f"s3://{BUCKET}/cut/v2-wcut/")
+    assert upload(client, root, f"s3://{BUCKET}/cut") == f"s3://{BUCKET}/cut/v2-wcut/"
+    assert verify_s3(client, f"s3://{BUCKET}/cut/v2-wcut/") == "v2-wcut"
+
+    same = make_bundle(tmp_path / "race", version="v3-wrace")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: upload(s3(endpoint, SECRET), same, f"s3://{BUCKET}/race"), range(2)))
+    assert results == [f"s3://{BUCKET}/race/v3-wrace/"] * 2
+    # a rival publisher of another bundle under the same version gets in between this one's objects:
+    # this one finds the rival's model where it would put its own, and refuses; the rival's stands whole
+    # (interleaved by hand: moto's conditional writes are not atomic under concurrent requests, S3's are)
+    rival = make_bundle(tmp_path / "rival", version="v4-wrival")
+    mine = make_bundle(tmp_path / "mine", version="v4-wrival")
+    with pytest.raises(BundleError, match="model/model.safetensors already holds other bytes"):
+        upload(RivalFirst(client, lambda: upload(s3(endpoint, SECRET), rival, f"s3://{BUCKET}/rival")), mine,
+               f"s3://{BUCKET}/rival")
+    assert verify_s3(client, f"s3://{BUCKET}/rival/v4-wrival/") == "v4-wrival"
+    theirs = _object(client, "rival/v4-wrival/model/model.safetensors")
+    assert theirs == (rival / "model/model.safetensors").read_bytes()
+
+
+class RivalFirst:
+    """An S3 client on which another publisher runs just before this one's first write."""
+
+    def __init__(self, client, rival):
+        self.client, self.rival = client, rival
+
+    def put_object(self, **kwargs):
+        if self.rival is not None:
+            rival, self.rival = self.rival, None
+            rival()
+        return self.client.put_object(**kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def _object(client, key: str) -> bytes:
+    return client.get_object(Bucket=BUCKET, Key=key)["Body"].read()

@@ -175,3 +175,18 @@ def test_the_stage_log_handler_follows_stderr_when_it_is_swapped(monkeypatch):
     monkeypatch.setattr("sys.stderr", second)
     logging.getLogger("longlive.test").warning("after the swap")
     assert "after the swap" in second.getvalue()
+
+
+def test_a_refused_publish_ends_in_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    from longlive_core.package.bundle import BundleError
+    from tasks.stage import run_stage
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("tracking: {enabled: false}\n")
+
+    def body(cfg, run):
+        raise BundleError("s3://b/p/v1/README.md already holds other bytes: a published version is never overwritten")
+
+    assert run_stage("package", lambda params: None, body, str) == 2
+    err = capsys.readouterr().err
+    assert "package: s3://b/p/v1/README.md already holds other bytes" in err and "Traceback" not in err

@@ -2,19 +2,22 @@
 every other file, in ``sha256sum``'s format, so ``sha256sum -c SHA256SUMS`` checks it too.
 
 ``verify`` refuses a bundle with a missing, changed or unlisted file. On S3 a version is written
-once: ``upload`` refuses a prefix that already holds anything, puts ``SHA256SUMS`` last (a reader
-that finds it finds every file) and verifies what landed by reading it back; ``fetch`` downloads a
+once: ``upload`` writes each object only where none is (conditional puts; an object with other bytes
+is refused, the same bytes are already published), puts ``SHA256SUMS`` last (a reader that finds it
+finds every file) and verifies what landed by reading it back; ``fetch`` downloads a
 published version into a staging folder, verifies it, and only then moves it into place.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+log = logging.getLogger(__name__)
 SUMS = "SHA256SUMS"
 VERSION = "VERSION"
 CHUNK = 8 * 2**20  # multipart size, and the read size when hashing a stream
@@ -123,22 +126,66 @@ def verify_s3(client: Any, uri: str) -> str:
     return client.get_object(Bucket=bucket, Key=keys[VERSION])["Body"].read().decode("utf-8").strip()
 
 
-def upload(client: Any, root: Path, uri: str) -> str:
-    """Publishes the verified bundle ``root`` under ``uri``/<its version>/; returns that URI."""
-    from boto3.s3.transfer import TransferConfig
+def _precondition_failed(exc: Exception) -> bool:
+    response = getattr(exc, "response", None) or {}
+    return (response.get("Error", {}).get("Code") in ("PreconditionFailed", "412")
+            or response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412)
 
+
+def _put_once(client: Any, bucket: str, key: str, path: Path) -> bool:
+    """Writes ``path`` to ``key`` only if nothing is there (a conditional put, multipart for large
+    files); True when written. When something is there, it must be these very bytes (a publish cut
+    short and run again, or a publisher racing this one with the same bundle): False; other bytes are
+    a BundleError, never overwritten."""
+    from botocore.exceptions import ClientError
+
+    try:
+        if path.stat().st_size <= CHUNK:
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes(), IfNoneMatch="*")
+        else:
+            _multipart_once(client, bucket, key, path)
+        return True
+    except ClientError as exc:
+        if not _precondition_failed(exc):
+            raise
+    ours, theirs = file_sha256(path), _object_sha256(client, bucket, key)
+    if ours != theirs:
+        raise BundleError(f"s3://{bucket}/{key} already holds other bytes (sha256 {theirs[:12]}..., this bundle's "
+                          f"{ours[:12]}...): a published version is never overwritten; a retrain gets its own "
+                          "version from its weights' digest (delete the prefix by hand only to withdraw it)")
+    return False
+
+
+def _multipart_once(client: Any, bucket: str, key: str, path: Path) -> None:
+    upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    try:
+        parts = []
+        with open(path, "rb") as fh:
+            for number, block in enumerate(iter(lambda: fh.read(CHUNK), b""), start=1):
+                etag = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                          Body=block)["ETag"]
+                parts.append({"ETag": etag, "PartNumber": number})
+        client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id, IfNoneMatch="*",
+                                         MultipartUpload={"Parts": parts})
+    except BaseException:
+        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+        raise
+
+
+def upload(client: Any, root: Path, uri: str) -> str:
+    """Publishes the verified bundle ``root`` under ``uri``/<its version>/ and returns that URI. Each
+    object is written only where none is (conditional puts): a publish cut short is completed by the
+    next run, a second publisher of the same bundle finds its objects there, and any object with
+    other bytes is refused. ``SHA256SUMS`` goes last: who sees it sees the whole bundle."""
     version = verify_dir(root)
     bucket, prefix = split_s3(uri, "package.s3_uri")
     target = f"{prefix}{version}/"
-    if _keys(client, bucket, target):
-        raise BundleError(f"s3://{bucket}/{target} already holds a published bundle: a version is never "
-                          "overwritten (a retrain gets its own version from its weights' digest; delete the "
-                          "prefix by hand only if you mean to withdraw it)")
-    transfer = TransferConfig(multipart_threshold=CHUNK, multipart_chunksize=CHUNK)
-    for rel in [*bundle_files(root), SUMS]:  # SHA256SUMS last: who sees it sees the whole bundle
-        client.upload_file(str(root / rel), bucket, target + rel, Config=transfer)
+    written = sum(_put_once(client, bucket, target + rel, root / rel) for rel in [*bundle_files(root), SUMS])
     published = f"s3://{bucket}/{target}"
     verify_s3(client, published)
+    if written <= len(bundle_files(root)):
+        log.info("%s: %d object(s) were already there, this bundle's own (an earlier publish of it)", published,
+                 len(bundle_files(root)) + 1 - written)
     return published
 
 
