@@ -223,3 +223,29 @@ def test_the_vae_on_another_device_decodes_the_same_frames(model_dir, tmp_path):
         frames[vae] = np.stack(made)
     diff = np.abs(frames[""].astype(int) - frames["cpu"].astype(int))
     assert frames[""].shape == frames["cpu"].shape and diff.mean() < 1.0, diff.mean()
+
+
+def test_a_damaged_model_folder_is_one_line_that_says_what_to_fix(model_dir, tmp_path, capsys):
+    """A truncated config.json, a truncated weights file, latents the DiT cannot read: each refused in
+    one line before anything runs (they once ended in a JSONDecodeError, SafetensorError, conv error)."""
+    import shutil
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a shot\n")
+    cases = {
+        "config": (lambda d: (d / "config.json").write_text((d / "config.json").read_text()[:40]),
+                   "is not readable JSON"),
+        "weights": (lambda d: [p.write_bytes(p.read_bytes()[:1000]) for p in d.glob("*.safetensors")],
+                    "cannot be read as safetensors"),
+        "channels": (lambda d: (d / "config.json").write_text(
+            (d / "config.json").read_text().replace('"channels": 48', '"channels": 16')),
+            "latent.channels is 16 but DiT tiny reads 48"),
+    }
+    for name, (damage, message) in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(model_dir, folder)
+        damage(folder)
+        assert longlive(["generate", "--model", str(folder), "--prompts", str(prompts), "--out",
+                         str(tmp_path / f"{name}.mp4"), "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

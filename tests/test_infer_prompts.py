@@ -32,7 +32,16 @@ def test_two_shots_with_durations_get_the_frames_they_ask_for():
     ("nan\tnot finite", "the duration must be a positive number"),
     ("a shot\n\n3\t   ", "line 3: no prompt"),
     ("\n  \n", "holds no prompt"),
+    ("a shot\n1.5 A red kite", "line 2: '1.5 A red kite' starts with a number but has no tab: write 1.5<TAB>prompt"),
+    ("+2 more kites", "line 1: a '+' line changes"),
 ])
 def test_a_bad_line_is_an_error_that_names_it(text, message):
     with pytest.raises(PromptFileError, match=re.escape(message)):
         parse_prompts(text, 4.0)
+
+
+def test_a_byte_order_mark_is_ignored_and_a_number_after_a_tab_is_prompt_text():
+    segments = parse_prompts("\ufeff1.5\tA red kite\n5\t3 dogs run\n", 4.0)
+    assert [(s.prompt, s.duration_s) for s in segments] == [("A red kite", 1.5),
+                                                            ("The scene transitions. 3 dogs run", 5.0)]
+

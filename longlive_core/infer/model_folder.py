@@ -7,9 +7,8 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from longlive_core.models.checkpoint import load_dit
+from longlive_core.models.checkpoint import load_dit, load_safetensors
 from longlive_core.models.folder import DiTFolder, read_dit_folder
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.models.weights import CheckpointError
@@ -25,7 +24,7 @@ def load_w4a4(directory: str | Path, config: DiTFolder, device: str | torch.devi
     path = Path(directory) / W4A4_WEIGHTS
     if not path.is_file():
         raise CheckpointError(f"{path} is missing: run merge_w4a4 (dvc repro merge_w4a4)")
-    state = load_file(str(path))
+    state = load_safetensors(path)
     recipe = dataclasses.replace(recipe_from_notes(config.longlive_quantization), backend=backend)
     with torch.device("meta"):
         model = WanDiT(config.dit_config)

@@ -49,6 +49,7 @@ class ShotPlan:
 def parse_prompts(text: str, default_duration_s: float, source: str = "the prompt file") -> list[Segment]:
     segments: list[Segment] = []
     shot = -1
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark, as some editors write one
     for number, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
@@ -67,6 +68,11 @@ def parse_prompts(text: str, default_duration_s: float, source: str = "the promp
                                       "(write 6.5<TAB>prompt, or the prompt alone)") from None
             if not math.isfinite(duration) or duration <= 0:
                 raise PromptFileError(f"{where}: the duration must be a positive number of seconds; got {head!r}")
+        elif _is_number(body.split(maxsplit=1)[0] if body.split() else ""):
+            first = body.split(maxsplit=1)[0]
+            raise PromptFileError(f"{where}: {body.strip()!r} starts with a number but has no tab: write "
+                                  f"{first}<TAB>prompt for a duration; a prompt that starts with a number gives its "
+                                  "duration first: 5<TAB>3 dogs run")
         prompt = body.strip()
         if not prompt:
             raise PromptFileError(f"{where}: no prompt")
@@ -77,6 +83,14 @@ def parse_prompts(text: str, default_duration_s: float, source: str = "the promp
     if not segments:
         raise PromptFileError(f"{source} holds no prompt")
     return segments
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def plan_shots(segments: list[Segment], fps: float, chunk_frames: int, temporal_stride: int = 4) -> list[ShotPlan]:

@@ -77,13 +77,25 @@ def check_dit_weights(path: str | Path) -> None:
         raise _missing_weights(path)
 
 
+def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """One safetensors file's tensors; a file cut short or damaged is one CheckpointError saying so."""
+    from safetensors import SafetensorError
+
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CheckpointError(f"{path} cannot be read as safetensors ({first}): the file is damaged or was cut "
+                              "short; copy it again or rerun the stage that writes it") from None
+
+
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a .safetensors file, or of a directory's shards (through its index when it has one)."""
     path = Path(path)
     if path.is_file():
         if path.suffix != ".safetensors":
             raise CheckpointError(f"{path}: only .safetensors weights are read (no pickle files)")
-        return load_file(path)
+        return load_safetensors(path)
     if not path.is_dir():
         raise _missing_weights(path)
     indexes = sorted(path.glob("*.safetensors.index.json"))
@@ -104,7 +116,7 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
             raise _missing_weights(path)
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
-        state.update(load_file(path / shard))
+        state.update(load_safetensors(path / shard))
     return state
 
 

@@ -104,6 +104,10 @@ class DiTFolder:
             raise ConfigError(f"{where}.format must be one of {', '.join(DIT_FORMATS)}; got {self.format!r}")
         if not isinstance(self.dit.get("name"), str):
             raise ConfigError(f"{where}.dit.name is missing: the DiT config's name (models/config.py)")
+        dit = dit_config(self.dit["name"])
+        if self.latent.channels != dit.in_channels:
+            raise ConfigError(f"{where}.latent.channels is {self.latent.channels} but DiT {self.dit['name']} reads "
+                              f"{dit.in_channels}: the folder's latents and its model do not fit together")
         if self.format == "longlive-w4a4" and (self.quantization_config is None or self.longlive_quantization is None):
             raise ConfigError(f"{where}: a longlive-w4a4 folder needs quantization_config and longlive_quantization")
 
