@@ -184,3 +184,23 @@ def test_no_code_imports_a_name_from_a_lazy_package_root():
             if isinstance(node, ast.ImportFrom) and node.module == "longlive_core.quant":
                 for alias in node.names:
                     assert lineage._module_file(f"longlive_core.quant.{alias.name}"), (path, alias.name)
+
+
+# The code digests in the curation stages' reuse keys: a change to any module they run re-splits every
+# video, re-probes every file, re-scores every shot or re-encodes every latent of a production
+# collection (~1,400 GPU-hours for the latents alone at 120K videos: `longlive plan`). Pinned, so such
+# a change is made on purpose: if one fails, either keep that code as it was (an unrelated helper moved
+# out of the closure, say) or, when the change is meant to redo the work, update its digest here.
+REUSE_KEY_DIGESTS = {
+    "longlive_core.latents.encode": "349e287242a6add6a5bb1c1ca1bab43f45f403f1c7beca626f5a2796113ec2cb",
+    "longlive_core.shots.split": "36b0d4c6f73ddb6c5fcaa4f02e02818044c878e68587e66c22d5569d4ba6d74f",
+    "longlive_core.video.probe": "f7c03b7a07b579cf9cd03a3b6fb94a4223e1fdbae7b1146d587bb1e4bc64bd9d",
+    "longlive_core.iqa.score": "ab400505985c6fc2b3ef546b36b5551a705dccff7d120972815dcf771065890a",
+}
+
+
+@pytest.mark.parametrize("module", sorted(REUSE_KEY_DIGESTS))
+def test_a_reuse_keys_code_changes_only_on_purpose(module):
+    assert lineage.code_digest(module) == REUSE_KEY_DIGESTS[module], (
+        f"the code {module} runs changed: every cached result keyed on it is redone in production. "
+        f"Files: {[str(p) for p in code_closure(module)]}")
