@@ -95,10 +95,9 @@ def test_missing_or_foreign_checkpoints_are_refused(tmp_path):
 
 def test_the_evaluate_stage_feeds_a_videos_frames_to_the_weighted_metrics(tmp_path):
     from longlive_core.evaluate.config import EvaluateConfig
-    from longlive_core.infer.engine import GenerateConfig
+    from longlive_core.evaluate.suite import score_video
     from longlive_core.shots.detect import ShotsConfig
     from longlive_core.video.synth import encode_frames
-    from tasks.evaluate import Prepared, score_video
 
     torch.manual_seed(0)
     paths = WeightPaths(musiq=saved(musiq_architecture(), tmp_path / "m.safetensors"),
@@ -108,7 +107,6 @@ def test_the_evaluate_stage_feeds_a_videos_frames_to_the_weighted_metrics(tmp_pa
     encode_frames(video, frames(4, 5) + frames(4, 6), fps=24, width=80, height=48, crf=0)
     side = {"frames": 8, "fps": 24.0, "denoise_fps": 1.0, "end_to_end_fps": 1.0,
             "shots": [{"video_frames": 4, "prompts": ["a"]}, {"video_frames": 4, "prompts": ["b"]}]}
-    p = Prepared(from_mapping(EvaluateConfig, {"suite": {"x": "a\n"}}, "evaluate"), GenerateConfig(),
-                 from_mapping(ShotsConfig, {}, "shots"))
-    scores = score_video(video, side, p, tmp_path / "sheet.png", metrics)
+    scores = score_video(video, side, from_mapping(EvaluateConfig, {"suite": {"x": "a\n"}}, "evaluate"),
+                         from_mapping(ShotsConfig, {}, "shots"), tmp_path / "sheet.png", metrics)
     assert set(skipped) == {"fvd"} and 0 < scores["subject_consistency"] <= 1 and np.isfinite(scores["imaging_quality"])
