@@ -108,6 +108,7 @@ class MergeW4A4Config:
     calibration_inputs: int = 8  # fixed chunk inputs whose layer inputs calibrate input_global_scale
     eval_inputs: int = 8  # other fixed chunk inputs for the W4A4-against-BF16 output error
     seed: int = 0
+    max_rel_error: float = 0.1  # the W4A4 model's output error against the BF16 merged model; over it, the merge fails
     device: str = "auto"
 
     def validate(self, where: str) -> None:
@@ -118,3 +119,5 @@ class MergeW4A4Config:
             raise ConfigError(f"{where}.dtype must be bfloat16 or float32; got {self.dtype!r}")
         if self.calibration_inputs < 1 or self.eval_inputs < 1:
             raise ConfigError(f"{where}: calibration_inputs and eval_inputs must be at least 1")
+        if not self.max_rel_error > 0:
+            raise ConfigError(f"{where}.max_rel_error must be > 0; got {self.max_rel_error}")
