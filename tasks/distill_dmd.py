@@ -88,7 +88,7 @@ def body(cfg: DistillDMDConfig, run) -> dict:
 
     # torch.distributed's checkpointing: in the ranks only
     from longlive_core.distill.trainer import DistillInputs, DMDTrainer, memory_comparison
-    from longlive_core.train.loop import write_history
+    from longlive_core.train.loop import report_history
 
     rank0 = dist.get_rank() == 0
     components = digest_components(cfg) if rank0 else None  # only rank 0 reads and writes checkpoint metadata
@@ -107,7 +107,7 @@ def body(cfg: DistillDMDConfig, run) -> dict:
         summary["memory_comparison"] = memory_comparison(cfg, inputs, DMD_CHECKPOINTS / "memory_comparison")
     if not rank0:
         return summary
-    write_history(summary, DISTILL_DMD_HISTORY)
+    report_history(summary, DISTILL_DMD_HISTORY)
     run.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
     memory = summary.get("memory_comparison", {})
     if memory.get("measured"):

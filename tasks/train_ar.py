@@ -119,7 +119,7 @@ def export(p: Prepared, summary: dict) -> None:
 def body(p: Prepared, run) -> dict:
     import torch.distributed as dist
 
-    from longlive_core.train.loop import write_history
+    from longlive_core.train.loop import report_history
     from longlive_core.train.online_latents import OnlineSource
     from longlive_core.train.trainer import TrainInputs, train  # torch.distributed's checkpointing: in the ranks only
 
@@ -135,7 +135,7 @@ def body(p: Prepared, run) -> dict:
         return summary
     summary["run_digest"] = digest
     export(p, summary)
-    write_history(summary, TRAIN_AR_HISTORY)
+    report_history(summary, TRAIN_AR_HISTORY)
     run.set_tags({"mfu_denominator": summary["mfu_denominator"]})
     run.log_metrics({k: v for k, v in summary.items() if isinstance(v, (int, float)) and v is not None})
     run.log_artifact(TRAIN_AR_HISTORY)

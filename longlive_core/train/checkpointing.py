@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -49,7 +48,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from longlive_core.io.atomic import TMP_PREFIX, write_bytes, write_json
 from longlive_core.models.weights import CheckpointError
-from longlive_core.tracking.lineage import CODE, digest_json
+from longlive_core.tracking.lineage import CODE, digest_file, digest_json
 
 log = logging.getLogger(__name__)
 STEP_DIR = re.compile(r"step-(\d{8})")
@@ -72,18 +71,10 @@ class ResumePoint:
     skipped_steps: int = 0
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 24):
-            h.update(block)  # releases the GIL: the files of a checkpoint hash in parallel
-    return h.hexdigest()
-
-
 def _describe(paths: Iterable[Path], root: Path) -> dict[str, dict]:
     paths = list(paths)
     with concurrent.futures.ThreadPoolExecutor(min(8, max(1, len(paths)))) as pool:
-        sums = list(pool.map(_sha256, paths))
+        sums = list(pool.map(digest_file, paths))  # hashlib releases the GIL: files hash in parallel
     return {p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": s} for p, s in zip(paths, sums)}
 
 
@@ -106,6 +97,11 @@ def read_history(path: Path) -> list[dict]:
         except (ValueError, KeyError, TypeError):
             log.warning("%s: line %d is not a whole history line (a write cut short): dropped", path, n)
     return [by_step[s] for s in sorted(by_step)]
+
+
+def write_history(path: Path, rows: list[dict]) -> None:
+    """``rows`` as a history file, one JSON line each, written whole (atomically)."""
+    write_bytes("".join(json.dumps(r) + "\n" for r in rows).encode(), path)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -160,11 +156,11 @@ class CheckpointStore:
             return ResumePoint(str(run_dir), why=why)
         step, meta = point
         if source == run_dir:
-            newest = max(s for s, _ in self._complete(run_dir))
-            self._write_history(run_dir, [r for r in read_history(run_dir / HISTORY) if r["step"] <= max(step, newest)])
+            keep = max(step, *(s for s, _ in self._complete(run_dir)))  # later lines belong to later checkpoints
+            write_history(run_dir / HISTORY, [r for r in read_history(run_dir / HISTORY) if r["step"] <= keep])
             why = f"resuming from {run_dir / _step_name(step)} (step {step})"
         else:
-            self._write_history(run_dir, [r for r in read_history(source / HISTORY) if r["step"] <= step])
+            write_history(run_dir / HISTORY, [r for r in read_history(source / HISTORY) if r["step"] <= step])
             why = (f"resume: force: resuming from {source / _step_name(step)} (step {step}), a run whose digest "
                    f"differs in its code alone ({source.name}); recorded in the lineage")
             log.warning("%s", why)
@@ -230,9 +226,6 @@ class CheckpointStore:
             shutil.rmtree(path)
             log.info("checkpoints of run digest %s deleted (keep_runs %d, the most recently used kept): %.2f GB freed",
                      path.name, self.keep_runs, freed / 1e9)
-
-    def _write_history(self, run_dir: Path, rows: list[dict]) -> None:
-        write_bytes("".join(json.dumps(r) + "\n" for r in rows).encode(), run_dir / HISTORY)
 
     def _migrate_old_layout(self) -> None:
         """Checkpoints written before they were kept per digest (``step-N`` at the top, other runs

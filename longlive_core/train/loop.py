@@ -22,10 +22,9 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from longlive_core.io.atomic import write_bytes
 from longlive_core.progress import Progress
 from longlive_core.tracking.lineage import git_state, runtime_versions
-from longlive_core.train.checkpointing import HISTORY, CheckpointStore, agree, read_history
+from longlive_core.train.checkpointing import HISTORY, CheckpointStore, agree, read_history, write_history
 from longlive_core.train.config import CheckpointConfig
 from longlive_core.train.data import generator_for
 
@@ -116,10 +115,10 @@ def run_steps(trainer: StepTrainer, s: LoopSettings, sink: MetricsSink | None = 
             "skipped_steps": skipped, "lineage": store.lineage_until(last), "checkpoints": point.run_dir}
 
 
-def write_history(summary: dict, target: Path) -> None:
+def report_history(summary: dict, target: Path) -> None:
     """The run's history (each step up to the one exported, as logged) as ``target`` (a report)."""
-    rows = [r for r in read_history(Path(summary["checkpoints"]) / HISTORY) if r["step"] <= summary["steps"]]
-    write_bytes("".join(json.dumps(r) + "\n" for r in rows).encode(), target)
+    write_history(target, [r for r in read_history(Path(summary["checkpoints"]) / HISTORY)
+                           if r["step"] <= summary["steps"]])
 
 
 def sum_over_ranks(values: list, device: torch.device) -> list[float]:
