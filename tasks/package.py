@@ -1,5 +1,7 @@
 """DVC stage `package`: models/w4a4/ + models/dmd/ + reports/evaluate/scores.json -> dist/, the model
-bundle: the W4A4 model, the LoRA, params.yaml, a model card with the evaluation and the lineage,
+bundle: the W4A4 model, the LoRA, the params each stage of the chain ran with (configs/<stage>.yaml,
+from reports/<stage>/params.yaml), with ``package.include_encoders`` the VAE and the text encoder
+(encoders/, checked against the model's digests), a model card with the evaluation and the lineage,
 VERSION (git describe + the weights' digest) and SHA256SUMS, verified after writing; published to
 ``package.s3_uri``/<version>/ when set (never over an existing version) and registered in the MLflow
 model registry (alias candidate; champion only when evaluate's verdict passed)."""
@@ -17,11 +19,15 @@ from longlive_core.evaluate.verdict import SETTINGS_TAG
 from longlive_core.models.folder import read_adapter_folder, read_dit_folder
 from longlive_core.package.config import PackageConfig
 from tasks.paths import DIST, DMD_MODEL, EVALUATE_SCORES, W4A4_IDENTITY, W4A4_MODEL
-from tasks.stage import main_for, report_path
+from tasks.stage import main_for, params_path, report_path
 
 STAGE = "package"
 log = logging.getLogger(f"stage.{STAGE}")
 LINEAGE_STAGES = ("encode_latents", "train_ar", "distill_dmd", "merge_w4a4", "evaluate")
+# whose params go into configs/: the stages that made the model and judged it. The curation stages'
+# params describe the data, which the latents' DVC hashes in the lineage identify, and are mostly where
+# and how fast (sources, caches, workers, executors): bundling them would rerun package on such edits.
+CONFIG_STAGES = LINEAGE_STAGES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +42,10 @@ def prepare(params: dict[str, Any]) -> Prepared:
     read_adapter_folder(DMD_MODEL, "distill_dmd")
     if not EVALUATE_SCORES.is_file():
         raise ConfigError(f"{EVALUATE_SCORES} is missing: run evaluate first (dvc repro evaluate)")
+    for stage in CONFIG_STAGES:
+        if not params_path(stage).is_file():
+            raise ConfigError(f"{params_path(stage)} is missing (the params {stage} ran with, for the bundle's "
+                              f"configs/): rerun it (dvc repro {stage})")
     return Prepared(cfg, params.get("evaluate", {}).get("registered_model", "longlive-2.0"))
 
 
@@ -54,10 +64,13 @@ def body(p: Prepared, run) -> dict:
     from longlive_core.data.s3_mirror import s3_client
     from longlive_core.infer.model_folder import W4A4_WEIGHTS
     from longlive_core.io.atomic import atomic_dir
+    from longlive_core.models.folder import write_config
     from longlive_core.models.identity import identity_digest
+    from longlive_core.models.weights import MEMO
     from longlive_core.package.bundle import VERSION, file_sha256, upload, verify_dir, write_sums
     from longlive_core.package.card import model_card
     from longlive_core.package.config import promotion
+    from longlive_core.package.encoders import MODEL, bundle_encoders, verify_bundle_encoders
     from longlive_core.tracking.mlflow_run import RegistryError
 
     scores = json.loads(EVALUATE_SCORES.read_text())
@@ -65,15 +78,21 @@ def body(p: Prepared, run) -> dict:
     origin = lineage()
     version = f"{origin['git.describe']}-w{file_sha256(W4A4_MODEL / W4A4_WEIGHTS)[:12]}"
     with atomic_dir(DIST) as staging:
-        shutil.copytree(W4A4_MODEL, staging / "model")
+        shutil.copytree(W4A4_MODEL, staging / MODEL)
         shutil.copytree(DMD_MODEL, staging / "lora")
         (staging / "configs").mkdir()
-        shutil.copyfile("params.yaml", staging / "configs/params.yaml")
-        (staging / "README.md").write_text(model_card(p.registered_model, version, model_config, scores, origin),
-                                           encoding="utf-8")
+        for stage in CONFIG_STAGES:
+            shutil.copyfile(params_path(stage), staging / f"configs/{stage}.yaml")
+        if p.cfg.include_encoders:  # the training repository's digest memo: the weights stage has read them
+            model_config = bundle_encoders(model_config, W4A4_MODEL, staging, MEMO)
+            write_config(model_config, staging / MODEL)
+        (staging / "README.md").write_text(model_card(p.registered_model, version, model_config, scores, origin,
+                                                      CONFIG_STAGES), encoding="utf-8")
         (staging / VERSION).write_text(version + "\n", encoding="utf-8")
         sums = write_sums(staging)
     verify_dir(DIST)  # what landed, after the swap into place
+    # as a deployer checks it; no memo: the copies are read once, and their paths change with every bundle
+    log.info("%s: %s", DIST, verify_bundle_encoders(DIST, memo_path=None))
     published = None
     if p.cfg.s3_uri:
         published = upload(s3_client(p.cfg.s3), DIST, p.cfg.s3_uri)

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from longlive_core.cli import main as longlive
+from longlive_core.models.folder import write_config
 from longlive_core.package.bundle import SUMS, BundleError, fetch, upload, verify_dir, verify_s3, write_sums
 from longlive_core.package.config import promotion
 from longlive_core.tracking.mlflow_run import RegistryError, StageRun, TrackingConfig
 
+from .helpers.ar_model import folder_config
 from .helpers.moto import KEY_ID, REGION, moto_server, s3
 
 SECRET = "s3cret-" + secrets.token_hex(8)
@@ -21,7 +23,7 @@ BUCKET = "models"
 def make_bundle(root: Path, version: str = "v1-wabc") -> Path:
     (root / "model").mkdir(parents=True)
     (root / "model/model.safetensors").write_bytes(secrets.token_bytes(20 * 2**20))  # multipart-sized
-    (root / "model/config.json").write_text('{"format": "longlive-w4a4"}')
+    write_config(folder_config(), root / "model")  # tiny encoders: nothing to check beyond SHA256SUMS
     (root / "README.md").write_text("# card\n")
     (root / "VERSION").write_text(version + "\n")
     write_sums(root)
@@ -46,11 +48,12 @@ def test_a_bundle_verifies_and_any_change_missing_or_extra_file_is_named(tmp_pat
     root = make_bundle(tmp_path / "b")
     assert verify_dir(root) == "v1-wabc"
     assert (root / SUMS).read_text().splitlines()[0].endswith("  README.md")  # sha256sum's format
+    config = (root / "model/config.json").read_bytes()
     with open(root / "model/config.json", "a") as fh:
         fh.write(" ")
     with pytest.raises(BundleError, match=r"model/config.json has changed"):
         verify_dir(root)
-    (root / "model/config.json").write_text('{"format": "longlive-w4a4"}')
+    (root / "model/config.json").write_bytes(config)
     (root / "extra.txt").write_text("x")
     with pytest.raises(BundleError, match=r"extra.txt is not in SHA256SUMS"):
         verify_dir(root)

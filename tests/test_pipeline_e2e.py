@@ -5,6 +5,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -18,6 +19,7 @@ import pandas as pd
 import psutil
 import pytest
 import torch
+import yaml
 from compressed_tensors.quantization import QuantizationConfig
 from mlflow.tracking import MlflowClient
 from peft import PeftModel
@@ -33,6 +35,7 @@ from longlive_core.quant.packed import PackedNVFP4Linear
 from longlive_core.tracking.lineage import digest_lines
 from longlive_core.train.online_latents import OnlineSource
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
+from tasks.package import CONFIG_STAGES
 
 from .conftest import cli_env, run, workspace_copy
 
@@ -401,6 +404,10 @@ def test_longlive_generate_runs_the_chains_w4a4_model_from_a_prompt_file(demo_re
     # 24 fps, 4-frame chunks of 4 latent frames = 2/3 s: 1.3 s -> 2 chunks, 0.7 s -> 1, the default 2 s -> 3
     assert [s["latent_frames"] for s in side["shots"]] == [12, 12]
     assert side["frames"] == 2 * (1 + 4 * 11) and side["recipe"] == "nvfp4" and side["kv"] == "nvfp4"
+    sampling = json.loads((demo_repro / "models/w4a4/config.json").read_text())["sampling"]  # as distilled
+    assert [side[k] for k in ("steps", "window", "global_sink", "shot_sink")] == [
+        sampling[k] for k in ("steps", "window", "global_sink", "shot_sink")] == [[1000, 946, 854, 681, 0], 16, 4, 4]
+    assert set(side["sampling_from"].values()) == {"model folder"}
     with av.open(str(out)) as container:
         assert sum(1 for _ in container.decode(video=0)) == side["frames"]
 
@@ -441,7 +448,17 @@ def test_package_writes_a_verified_bundle_and_registers_it_as_candidate_and_cham
     assert version.startswith(run(["git", "describe", "--tags", "--always"], repo).stdout.strip())
     card = (repo / "dist/README.md").read_text()
     assert "| kite_city |" in card and "Verdict: **pass**" in card and report(repo, "evaluate")["mlflow_run_id"] in card
-    assert (repo / "dist/lora/adapter_model.safetensors").is_file() and (repo / "dist/configs/params.yaml").is_file()
+    assert (repo / "dist/lora/adapter_model.safetensors").is_file() and not (repo / "dist/configs/params.yaml").exists()
+    # each stage's params as it ran them (its dvc.yaml params), not params.yaml whole
+    assert sorted(p.name for p in (repo / "dist/configs").iterdir()) == sorted(f"{s}.yaml" for s in CONFIG_STAGES)
+    params = load_params(repo / "params.yaml")
+    for stage in CONFIG_STAGES:
+        bundled = (repo / f"dist/configs/{stage}.yaml").read_bytes()
+        assert bundled == (repo / f"reports/{stage}/params.yaml").read_bytes(), stage
+    train = yaml.safe_load((repo / "dist/configs/train_ar.yaml").read_text())
+    assert train["train_ar"] == params["train_ar"] and train["encode_latents"]["vae"] == "tiny"
+    assert "orchestration" not in train and "ingest" not in train
+    assert "its encoders are the built-in tiny ones" in run(["longlive", "bundle", "verify", "dist"], repo).stdout
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     champion = client.get_model_version_by_alias("longlive-2.0", "champion")  # no champion before: the verdict passed
     assert champion.tags["bundle.version"] == version
@@ -450,6 +467,23 @@ def test_package_writes_a_verified_bundle_and_registers_it_as_candidate_and_cham
     assert report(repo, "package")["promoted"] and "against no champion" in report(repo, "package")["promotion"]
     scores = json.loads((repo / "reports/evaluate/scores.json").read_text())
     assert champion.tags["model.identity"] == scores["candidate_identity"]  # the model the verdict judged
+
+
+def test_an_edit_of_params_package_does_not_read_leaves_package_up_to_date(demo_repro, tmp_path):
+    """package depends on the params files of the stages it bundles and on its own params: where the
+    stages run (orchestration) or how many workers ingest uses changes no bundle."""
+    repo = workspace_copy(demo_repro, tmp_path / "repo")
+    head, rest = (repo / "params.yaml").read_text().split("\norchestration:", 1)
+    head = head.replace("\n  workers: 2\n", "\n  workers: 3\n", 1)  # ingest's, the first workers in the file
+    edited = head + "\norchestration:" + rest.replace("  retries: 2 ", "  retries: 7 ", 1)
+    params = yaml.safe_load(edited)
+    assert (params["ingest"]["workers"], params["orchestration"]["retries"]) == (3, 7)
+    (repo / "params.yaml").write_text(edited)
+    status = run([sys.executable, "-m", "dvc", "status", "package"], repo)
+    assert "up to date" in status.stdout, status.stdout
+    (repo / "params.yaml").write_text(edited.replace("  register: true ", "  register: false ", 1))
+    status = run([sys.executable, "-m", "dvc", "status", "package"], repo)  # a param it reads: it reruns
+    assert re.search(r"params.yaml:\s+modified:\s+package\n", status.stdout), status.stdout
 
 
 def test_train_ar_split_over_two_sp_ranks_encoding_online_gives_the_one_rank_losses(demo_repro, tmp_path):

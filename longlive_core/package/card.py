@@ -4,9 +4,13 @@ from __future__ import annotations
 import json
 
 from longlive_core.models.folder import DiTFolder
+from longlive_core.package.encoders import encoder_lines
 
 
-def model_card(name: str, version: str, model_config: DiTFolder, scores: dict, lineage: dict) -> str:
+def model_card(name: str, version: str, model_config: DiTFolder, scores: dict, lineage: dict,
+               config_stages: tuple[str, ...]) -> str:
+    """``model_config``: the bundled model/config.json (its encoder paths as the bundle gives them);
+    ``config_stages``: the stages whose params are in configs/."""
     agg, verdict = scores["aggregate"], scores["verdict"]
     dit, video = model_config.dit_config, model_config.video
     lines = [
@@ -20,8 +24,10 @@ def model_card(name: str, version: str, model_config: DiTFolder, scores: dict, l
         "longlive generate --model model --prompts story.txt --out story.mp4",
         "```", "",
         "`model/` is the merged W4A4 model (compressed-tensors' nvfp4-pack-quantized layout), `lora/` the",
-        "distilled generator's LoRA as a peft adapter for the AR model, `configs/params.yaml` the parameters",
-        "that made both.", "",
+        "distilled generator's LoRA as a peft adapter for the AR model, `configs/<stage>.yaml` the parameters",
+        f"each stage that made them ran with ({', '.join(f'`{s}`' for s in config_stages)}).", "",
+        "## Encoders", "",
+        *encoder_lines(model_config), "",
         "## Evaluation", "",
         "| video | frames | temporal flickering | within-shot consistency | shot-switch accuracy |",
         "|---|---|---|---|---|",

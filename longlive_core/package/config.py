@@ -13,6 +13,9 @@ class PackageConfig:
     s3_uri: str | None = None  # s3://bucket/prefix: each version is published under prefix/<version>/; null: none
     s3: S3Config = S3Config()  # endpoint, region, profile, retries; credentials only from the environment
     register: bool = True  # register the bundle in the MLflow model registry (alias candidate; champion on a pass)
+    # copy the VAE and the text encoder into the bundle (encoders/), checked against the model's digests, so a
+    # deployer needs nothing else; false: the bundle names the training repository's paths and their digests
+    include_encoders: bool = False
 
     def validate(self, where: str) -> None:
         if self.s3_uri is not None:
