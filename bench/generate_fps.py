@@ -5,13 +5,14 @@ end, beside the plain-PyTorch block floor measured in the same run.
     python bench/generate_fps.py --tiny --device cpu --chunks 4     # the code path, anywhere
 
 Random weights (Wan2.2-TI2V-5B DiT and VAE architectures), bf16, 704x1280, chunks of 8 latent
-frames (32 video frames), the production window (32 latent frames, global and shot sinks of 8), one
-shot. Steady state: chunks after the window has filled (the first five), median per chunk.
+frames (32 video frames), the production window (a chunk attends to 32 latent frames, itself and the
+global and shot sinks of 8 included), one shot. Steady state: chunks after the window has filled
+(the first three), median per chunk.
 - denoise loop: ``engine.generate`` with the frames dropped, bf16 and NVFP4 KV caches;
 - decode alone: ``ShotDecoder`` on one shot's chunks, nothing else on the GPU;
 - end to end: ``engine.generate`` with ``FrameStream`` (async: the VAE on its own CUDA stream, and
   sync) writing H.264 through ``VideoWriter``, wall clock from the first chunk to the file closed;
-- floor: one plain block (q/k/v/o linears, SDPA over window + chunk keys, cross-attention over 512
+- floor: one plain block (q/k/v/o linears, SDPA over the window's keys, cross-attention over 512
   text tokens, the FFN; no adaLN, RoPE or norms) x 30 blocks x (steps + 1) passes per chunk, as
   REFERENCE.md §7 measures it.
 """
@@ -33,6 +34,7 @@ from bench.gpu_setup import random_dit_on_gpu  # noqa: E402
 from longlive_core.infer.decode import FrameStream, ShotDecoder  # noqa: E402
 from longlive_core.infer.engine import GenerateConfig, generate  # noqa: E402
 from longlive_core.infer.prompts import Segment, ShotPlan  # noqa: E402
+from longlive_core.infer.rollout import RolloutConfig  # noqa: E402
 from longlive_core.models.config import dit_config  # noqa: E402
 from longlive_core.models.vae import build_vae  # noqa: E402
 from longlive_core.models.wan_dit import WanDiT  # noqa: E402
@@ -60,7 +62,8 @@ def run(model, cfg: GenerateConfig, steps, stream, chunks: int, chunk: int, shap
     """(per-chunk wall seconds with a sync after each chunk, or None when asynchronous; wall total; stats)."""
     plan = [ShotPlan(0, (Segment(1, 0, "bench", 1.0, True),), (chunks,), chunk, 4)]
     _, _, ph, pw = (None, *model.cfg.patch_size)
-    cache = cfg.cache(model, (shape[1] // ph) * (shape[2] // pw), chunk)
+    sampling = RolloutConfig(chunk, tuple(steps), cfg.window, cfg.global_sink, cfg.shot_sink)
+    cache = cfg.cache(model, (shape[1] // ph) * (shape[2] // pw), sampling)
     marks: list[float] = []
     timed = isinstance(stream, DroppedFrames)
 
@@ -136,11 +139,11 @@ def main() -> None:
     cfg = dict(window=window, global_sink=sink, shot_sink=sink, device=args.device)
     vae = build_vae("tiny" if args.tiny else "wan2.2").to(device, dtype)
     decoder = ShotDecoder(vae, dtype)
-    steady = slice(window // chunk + 1, None)  # the window holds its 32 frames from the sixth chunk on
+    steady = slice(window // chunk - 1, None)  # a chunk reads the whole window from the fourth on
     frames_per_chunk = 4 * chunk
     name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"# {name}, torch {torch.__version__}, {'tiny' if args.tiny else 'wan2.2-ti2v-5b'}, {16 * h}x{16 * w}, "
-          f"{args.chunks} chunks of {chunk} latent frames, window {window} + sinks {sink}/{sink}, "
+          f"{args.chunks} chunks of {chunk} latent frames, window {window} (the chunk and sinks {sink}/{sink} in it), "
           f"{args.steps} steps, {dtype}")
 
     run(model, GenerateConfig(**cfg), steps, DroppedFrames(), 2, chunk, shape, device, dtype, text)  # warm-up
@@ -210,7 +213,7 @@ def main() -> None:
               f"chunk -> {frames_per_chunk / ms * 1000:.1f} FPS ({denoise_ms / ms:.2f}x the bf16 loop above)")
 
     if not args.tiny:
-        keys = (window + chunk) * (h // 2) * (w // 2)
+        keys = window * (h // 2) * (w // 2)
         block = plain_block_ms(device, dtype, dit_cfg.dim, dit_cfg.num_heads, dit_cfg.ffn_dim,
                                chunk * (h // 2) * (w // 2), keys, 512)
         floor_ms = block * dit_cfg.num_layers * len(steps)

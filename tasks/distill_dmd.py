@@ -66,7 +66,7 @@ def model_config(cfg: DistillDMDConfig, summary: dict) -> AdapterFolder:
         base_model_identity=identity_digest(AR_IDENTITY),  # the adapter means something on these weights alone
         adapter=AdapterSettings(cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, tuple(LORA_TARGETS), "default"),
         sampling=Sampling("few-step", tuple(cfg.denoising_steps), window=cfg.window,
-                          chunk_frames=ar.latent.chunk_frames),
+                          chunk_frames=ar.latent.chunk_frames, global_sink=cfg.global_sink, shot_sink=cfg.shot_sink),
         distillation={"recipe": cfg.recipe, "real_guidance": cfg.real_guidance, "fake_guidance": cfg.fake_guidance,
                       "steps": cfg.steps},
         lineage={**git_state("."), "latent_index_sha256": digest_file(LATENT_INDEX),

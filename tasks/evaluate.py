@@ -19,6 +19,7 @@ from longlive_core.devices import pick_device
 from longlive_core.evaluate.config import EvaluateConfig
 from longlive_core.evaluate.verdict import SETTINGS_TAG, RegistryRead
 from longlive_core.infer.engine import GenerateConfig
+from longlive_core.infer.sampling import run_sampling
 from longlive_core.models.folder import read_dit_folder
 from longlive_core.models.identity import identity_digest
 from longlive_core.shots.detect import ShotsConfig
@@ -41,8 +42,7 @@ def prepare(params: dict[str, Any]) -> Prepared:
     pick_device(cfg.device, f"{STAGE}.device")
     overrides = {"seed": cfg.seed, "device": cfg.device, **({"kv": cfg.kv} if cfg.kv else {})}
     generate = from_mapping(GenerateConfig, {**params.get("generate", {}), **overrides}, "generate")
-    generate.steps(cfg.steps)  # a step count with no list is an error now, not after the first video
-    read_dit_folder(W4A4_MODEL, "merge_w4a4")
+    run_sampling(read_dit_folder(W4A4_MODEL, "merge_w4a4"), generate, cfg.steps)  # bad steps or window: now
     if "shots" not in params:
         raise ConfigError("params.yaml has no 'shots' section: evaluate finds cuts with the shots stage's detector")
     return Prepared(cfg, generate, stage_config(ShotsConfig, "shots", params))
@@ -53,7 +53,7 @@ def read_champion(run, p: Prepared, scores: dict, device) -> RegistryRead:
     its own cannot be compared and ``evaluate.rescore_champion`` allows it."""
     import tempfile
 
-    from longlive_core.evaluate.suite import SuiteRun, evaluate_suite
+    from longlive_core.evaluate.suite import SuiteRun, evaluate_suite, pinned_to
     from longlive_core.evaluate.verdict import METRICS, Champion, needs_rescoring
     from longlive_core.tracking.mlflow_run import RegistryError
 
@@ -72,7 +72,7 @@ def read_champion(run, p: Prepared, scores: dict, device) -> RegistryRead:
     log.info("%s: its scores were made under other settings or lack a metric: scoring it again here", champion.label)
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
         bundle = run.download(found.source, tmp)
-        again = evaluate_suite(bundle / "model", p.cfg, p.generate, p.shots,
+        again = evaluate_suite(bundle / "model", p.cfg, pinned_to(p.generate, scores["settings"]), p.shots,
                                SuiteRun(Path(tmp) / "videos", Path(tmp) / "sheets"), device)
     return RegistryRead(Champion(champion.label, {k: v for k, v in again["aggregate"].items() if k in METRICS},
                                  again["settings"], rescored=True, version=found.version))

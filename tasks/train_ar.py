@@ -93,8 +93,9 @@ def model_config(p: Prepared, summary: dict) -> DiTFolder:
                               TEMPORAL_STRIDE, SPATIAL_STRIDE),
         video=VideoFormat(c.fps, c.height, c.width),
         vae=encoder(p.latents.vae), text_encoder=encoder(p.latents.text_encoder, max_length=p.latents.text_max_length),
-        # not distilled: the full schedule
-        sampling=Sampling("flow-matching", None, t.num_train_timesteps, t.timestep_shift),
+        # not distilled: its own schedule; a chunk attends to at most the frames teacher forcing trained it on
+        sampling=Sampling("flow-matching", None, t.num_train_timesteps, t.timestep_shift, window=t.max_latent_frames,
+                          chunk_frames=t.chunk_frames, global_sink=0, shot_sink=0),
         multi_shot=MultiShot(t.shot_rope_offset, True),
         precision=PrecisionRules(t.precision.recipe, tuple(t.precision.skip), t.precision.keep_last_blocks),
         lineage={**git_state("."), "latent_index_sha256": digest_file(LATENT_INDEX), "init": t.init,

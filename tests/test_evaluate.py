@@ -103,6 +103,17 @@ def test_the_verdict_passes_within_the_margins_fails_outside_and_passes_with_no_
     assert verdict({"fvd": 60.0, "motion": 1.0}, SETTINGS, fvd, rules())["passed"]
 
 
+def test_vbenchs_dynamic_degree_joins_the_verdict_where_its_weights_ran():
+    from longlive_core.evaluate.suite import vbench_verdict_scores
+
+    ran = {"scores": {"dynamic_degree": 0.5, "temporal_flickering": 0.97}, "aggregate": {"total": None}}
+    assert vbench_verdict_scores(ran) == {"dynamic_degree": 0.5}
+    assert vbench_verdict_scores({"scores": {}, "aggregate": None}) == {}  # no RAFT weights: not scored
+    theirs = champion(dynamic_degree=1.0)
+    assert not verdict({"dynamic_degree": 0.5, "motion": 1.0}, SETTINGS, theirs, rules())["passed"]  # one went still
+    assert verdict({"dynamic_degree": 0.95, "motion": 1.0}, SETTINGS, theirs, rules())["passed"]
+
+
 def test_a_registry_that_cannot_be_read_fails_the_verdict_and_never_reads_as_no_champion(tmp_path):
     """Tracking off, or a store that cannot be opened (it fails at once: no network timeout)."""
     ours = {"temporal_flickering": 0.99, "motion": 1.0}
@@ -225,9 +236,10 @@ def test_a_champion_scored_under_other_settings_is_fetched_and_scored_again_unde
 
     make_ar_model(tmp_path / "bundle" / "model", chunk_frames=2)
     cfg = EvaluateConfig(suite={"one": "0.4\ta red kite\n"}, rescore_champion=True, min_motion=0.0)
-    generate = GenerateConfig(window=6, global_sink=2, shot_sink=2, device="cpu", default_duration_s=0.4)
+    generate = GenerateConfig(device="cpu", default_duration_s=0.4)  # the champion's folder would sample otherwise
     p = stage.Prepared(cfg, generate, ShotsConfig())
-    settings = suite_settings(cfg, generate, generate.steps(None), None)
+    ran = {"steps": [1000, 946, 854, 681, 0], "window": 6, "global_sink": 2, "shot_sink": 2}  # the candidate's
+    settings = suite_settings(cfg, generate, ran, None)
     tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "art"))
     with StageRun(tracking, "package", repo_root=tmp_path) as run:  # the champion, as package registered it
         run.log_metrics({"temporal_flickering": 0.5})

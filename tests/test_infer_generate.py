@@ -19,6 +19,8 @@ from longlive_core.infer.engine import GenerateConfig, generate
 from longlive_core.infer.generate import generate_file
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import parse_prompts, plan_shots
+from longlive_core.infer.rollout import teacher_schedule
+from longlive_core.infer.sampling import FOLDER, PARAMS, run_sampling
 from longlive_core.models.folder import write_config
 from longlive_core.models.text import text_encoder_from
 from longlive_core.models.vae import vae_from
@@ -31,7 +33,8 @@ TWO_SHOTS = "0.6\tA red kite over a beach\n+0.3\tThe kite dives\n0.4\tA city str
 
 
 def config(**overrides) -> GenerateConfig:
-    base = {"window": 6, "global_sink": 2, "shot_sink": 2, "device": "cpu", "default_duration_s": 0.4}
+    # the tiny AR folder samples its own schedule: 4 steps of it here
+    base = {"window": 6, "global_sink": 2, "shot_sink": 2, "ar_steps": 4, "device": "cpu", "default_duration_s": 0.4}
     return from_mapping(GenerateConfig, {**base, **overrides}, "generate")
 
 
@@ -58,6 +61,36 @@ def test_a_shot_decoded_chunk_by_chunk_equals_the_shot_decoded_at_once():
         assert torch.equal(torch.cat(parts), expected)
 
 
+def test_the_folder_says_how_it_is_sampled_unless_params_or_flags_say_otherwise():
+    """A distilled folder runs its own step list, window and sinks (not generate's first list); a step
+    count it lacks comes from generate.step_lists; an AR folder runs its own schedule with ar_steps;
+    a params value wins over the folder's, and each setting says where it came from."""
+    import dataclasses
+
+    from longlive_core.config import ConfigError
+    from longlive_core.models.folder import Sampling
+
+    distilled = dataclasses.replace(folder_config(CHUNK), format="longlive-dit", sampling=Sampling(
+        "few-step", (1000, 500, 0), window=8, chunk_frames=CHUNK, global_sink=2, shot_sink=2))
+    plain = GenerateConfig(device="cpu")
+    run = run_sampling(distilled, plain)
+    assert (run.rollout.steps, run.rollout.window, run.rollout.global_sink, run.rollout.shot_sink) == (
+        (1000, 500, 0), 8, 2, 2)
+    assert set(run.source.values()) == {FOLDER}
+    assert run_sampling(distilled, plain, 2).rollout.steps == (1000, 500, 0)  # its own 2-step list
+    assert run_sampling(distilled, plain, 4).rollout.steps == plain.step_lists[0]
+    with pytest.raises(ConfigError, match="add a 3-step list"):
+        run_sampling(distilled, plain, 3)
+    wider = run_sampling(distilled, dataclasses.replace(plain, window=12, step_list=(1000, 0)))
+    assert (wider.rollout.window, wider.rollout.global_sink, wider.rollout.steps) == (12, 2, (1000, 0))
+    assert wider.source == {"steps": PARAMS, "window": PARAMS, "global_sink": FOLDER, "shot_sink": FOLDER}
+    with pytest.raises(ConfigError, match="at least 6"):
+        run_sampling(distilled, dataclasses.replace(plain, window=5))
+    ar = run_sampling(folder_config(CHUNK), dataclasses.replace(plain, ar_steps=6))
+    assert ar.rollout.steps == teacher_schedule(6, 5.0) and len(ar.rollout.steps) == 7
+    assert run_sampling(folder_config(CHUNK), plain, 3).rollout.steps == teacher_schedule(3, 5.0)
+
+
 def test_two_shots_with_durations_give_their_frames_and_a_sidecar(model_dir, tmp_path):
     prompts = tmp_path / "story.txt"
     prompts.write_text(TWO_SHOTS)
@@ -75,6 +108,8 @@ def test_two_shots_with_durations_give_their_frames_and_a_sidecar(model_dir, tmp
     assert json.loads((tmp_path / "story.mp4.json").read_text())["frames"] == 26
     assert side["denoise_fps"] > 0 and side["end_to_end_fps"] > 0 and side["peak_memory_bytes"] > 0
     assert side["recipe"] == "bf16" and side["kv_bytes_per_token"] > 0
+    assert side["steps"] == list(teacher_schedule(4, 5.0)) and side["window"] == 6  # what ran, and from where
+    assert side["sampling_from"]["window"] == PARAMS and "ar_steps 4" in side["sampling_from"]["steps"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
@@ -131,7 +166,8 @@ def test_memory_stays_flat_as_the_video_grows(model_dir, tmp_path):
     with VideoWriter(tmp_path / "long.mp4", 24, 64, 64) as writer:
         stream = FrameStream(ShotDecoder(vae_from("tiny")), writer.write)
         try:
-            stats = generate(model, plan, texts, cfg.cache(model, 4, CHUNK), cfg.steps(None), stream, (48, 4, 4),
+            sampling = run_sampling(folder, cfg).rollout
+            stats = generate(model, plan, texts, cfg.cache(model, 4, sampling), sampling.steps, stream, (48, 4, 4),
                              8, 0, torch.float32, on_chunk=lambda _: used.append(heap_in_use()))
         finally:
             stream.close()
@@ -174,7 +210,7 @@ def test_two_sequence_parallel_ranks_make_the_latents_of_one(model_dir, tmp_path
 
     prompts = tmp_path / "p.txt"
     prompts.write_text(TWO_SHOTS)
-    section = {"window": 6, "global_sink": 2, "shot_sink": 2}
+    section = {"window": 6, "global_sink": 2, "shot_sink": 2, "ar_steps": 4}
     got = launch_worker("generate_worker", tmp_path / "worker", [
         {"name": "story", "model": str(model_dir), "prompts": str(prompts), "generate": {**section, "device": "cpu"}},
     ], nproc=2) / "story"

@@ -31,9 +31,9 @@ def write(cache: KVCache, first: int) -> int:
 
 @pytest.mark.parametrize("quant", [None, KVQuantConfig(smooth_keys=False)])
 def test_sinks_are_pointers_that_follow_shots_and_ignore_prompt_changes(quant):
-    cache = KVCache(1, 1, window=8, quant=quant, sink=SinkConfig(global_frames=2, shot_frames=2))
+    cache = KVCache(1, 1, window=10, quant=quant, sink=SinkConfig(global_frames=2, shot_frames=2))
     for first in range(0, 10, CHUNK):  # shot 0: frames 0..9
-        assert write(cache, first) <= 8 + CHUNK
+        assert write(cache, first) <= 10
     assert held(cache) == [0, 1, 4, 5, 6, 7, 8, 9]
     assert (cache.global_sink.start, cache.global_sink.length) == (0, 2)
 
@@ -52,17 +52,40 @@ def test_sinks_are_pointers_that_follow_shots_and_ignore_prompt_changes(quant):
     assert held(cache) == [0, 1, 12, 13, 14, 15, 16, 17]
     assert held(cache)[cache.shot_sink.start:cache.shot_sink.stop] == [16, 17]
     for first in range(18, 40, CHUNK):
-        assert write(cache, first) <= 8 + CHUNK
+        assert write(cache, first) <= 10
         assert cache.frames <= 8
     assert held(cache) == [0, 1, 16, 17, 36, 37, 38, 39]
     assert cache.nbytes == sum(c.nbytes for c in cache.keys[0] + cache.values[0])
 
 
 def test_without_sinks_the_window_rolls_and_a_window_too_small_for_the_sinks_is_refused():
-    cache = KVCache(1, 1, window=4)
+    cache = KVCache(1, 1, window=6)
     for first in range(0, 12, CHUNK):
         write(cache, first)
     assert held(cache) == [8, 9, 10, 11]
     small = KVCache(1, 1, window=5, sink=SinkConfig(2, 2))
     with pytest.raises(ValueError, match="at least 6"):
         write(small, 0)
+
+
+def test_each_chunk_reads_the_window_its_own_frames_and_sinks_included():
+    """Production's numbers (window 32, sinks 8 + 8, chunks of 8; here in units of 2 frames: window 8,
+    sinks 2 + 2, chunks of 2): every chunk reads at most the window, itself among it, and from the
+    fourth chunk on exactly the window: the global sink, the shot sink, the newest frames, itself."""
+    cache = KVCache(1, 1, window=8, sink=SinkConfig(global_frames=2, shot_frames=2))
+    read = []
+    for first in range(0, 12, CHUNK):  # shot 0: frames 0..11
+        before = held(cache) if cache.frames else []
+        assert write(cache, first) == len(before) + CHUNK
+        read.append(before + [first, first + 1])
+    assert [len(r) for r in read] == [2, 4, 6, 8, 8, 8]
+    assert read[5] == [0, 1, 6, 7, 8, 9, 10, 11]  # the global (= shot 0's) sink, the newest, itself
+    cache.start_shot()
+    for first in (12, 14, 16):  # shot 1
+        before = held(cache)
+        write(cache, first)
+        read.append(before + [first, first + 1])
+    assert read[6] == [0, 1, 8, 9, 10, 11, 12, 13]
+    assert read[7] == [0, 1, 10, 11, 12, 13, 14, 15]  # shot 1's sink is 12, 13
+    assert read[8] == [0, 1, 12, 13, 14, 15, 16, 17]
+    assert max(len(r) for r in read) == 8

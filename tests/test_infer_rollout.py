@@ -57,8 +57,8 @@ def test_cached_chunk_equals_its_teacher_forcing_prediction(model, window_chunks
     with torch.no_grad():
         full = model(layout.sequence(x0, noisy), layout.timesteps(t), text,
                      frame_positions=layout.frame_positions(positions), mask_mod=mask)
-        cache = KVCache(len(model.blocks), layout.tokens_per_frame,
-                        None if window_chunks is None else window_chunks * CHUNK)
+        cache = KVCache(len(model.blocks), layout.tokens_per_frame,  # the window counts the chunk itself
+                        None if window_chunks is None else (window_chunks + 1) * CHUNK)
         model.attention_fn = cache
         try:
             for c in range(chunks):
@@ -76,7 +76,7 @@ def test_cached_chunk_equals_its_teacher_forcing_prediction(model, window_chunks
 
 def test_rollout_is_keyed_bounded_and_refuses_bad_steps(model):
     _, noise, _, text = inputs(3)
-    cfg = RolloutConfig(chunk_frames=CHUNK, steps=(1000, 750, 500, 0), window=CHUNK)
+    cfg = RolloutConfig(chunk_frames=CHUNK, steps=(1000, 750, 500, 0), window=2 * CHUNK)
     a = rollout(model, noise, text, cfg, torch.Generator().manual_seed(3))
     b = rollout(model, noise, text, cfg, torch.Generator().manual_seed(3))
     c = rollout(model, noise, text, cfg, torch.Generator().manual_seed(4))
@@ -90,3 +90,42 @@ def test_rollout_is_keyed_bounded_and_refuses_bad_steps(model):
     for steps in ((1000, 500), (500, 800, 0), (0,)):
         with pytest.raises(ValueError, match="descend"):
             RolloutConfig(CHUNK, steps)
+
+
+def test_a_rollout_keeps_the_sinks_and_starts_shots_as_inference_does(model, monkeypatch):
+    """Six chunks, the second shot from the third: every chunk reads at most the window (itself
+    included), the shot sink moves to the new shot's first frames, and that changes what the last
+    chunks read (so the rollout differs from a one-shot one)."""
+    import longlive_core.infer.rollout as rollout_module
+
+    seen: list[tuple] = []  # (held frames, global sink, shot sink) as each forward of layer 0 began
+    shot_starts: list[int] = []
+
+    class Recording(KVCache):
+        def for_layer(self, index):
+            if index == 0:
+                seen.append((self.frames, self.writing, (self.global_sink.start, self.global_sink.length),
+                             (self.shot_sink.start, self.shot_sink.length)))
+            return super().for_layer(index)
+
+        def start_shot(self):
+            shot_starts.append(self.video_frames)
+            super().start_shot()
+
+    monkeypatch.setattr(rollout_module, "KVCache", Recording)
+    _, noise, _, text = inputs(6)
+    cfg = RolloutConfig(CHUNK, (1000, 500, 0), window=4 * CHUNK, global_sink=CHUNK, shot_sink=CHUNK)
+    shots = [0, 0, 1, 1, 1, 1]
+    two_shots = rollout(model, noise, text, cfg, torch.Generator().manual_seed(3), shots=shots)
+    assert shot_starts == [2 * CHUNK]
+    denoising = [s for s in seen if not s[1]]
+    assert [held for held, *_ in denoising[::2]] == [0, 2, 4, 6, 6, 6]  # two steps a chunk; + itself <= 8
+    assert all(held + CHUNK <= cfg.window for held, *_ in seen)
+    # after chunk 4 was written: the global sink (frames 0, 1), shot 1's sink (4, 5), then 8, 9
+    assert denoising[-1][2:] == ((0, CHUNK), (2, CHUNK))
+    seen.clear()
+    one_shot = rollout(model, noise, text, cfg, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(one_shot[:, :, :4 * CHUNK], two_shots[:, :, :4 * CHUNK], rtol=0, atol=0)
+    assert not torch.equal(one_shot[:, :, 5 * CHUNK:], two_shots[:, :, 5 * CHUNK:])
+    with pytest.raises(ValueError, match="at least 6"):
+        RolloutConfig(CHUNK, (1000, 0), window=5, global_sink=2, shot_sink=2)

@@ -66,3 +66,25 @@ def test_the_merge_reports_its_errors_and_over_the_bound_fails_leaving_the_folde
         merge_w4a4(ar, dmd, latents, dataclasses.replace(cfg, max_rel_error=1e-6, seed=1), out, folder,
                    torch.device("cpu"))
     assert (out / "model.safetensors").read_bytes() == written and not list(tmp.glob(".tmp-w4a4*"))
+
+
+def test_each_input_runs_after_its_samples_earlier_chunks_in_the_kv_cache(inputs):
+    """As generation runs a chunk: after its sample's earlier chunks written into the KV cache, within
+    the adapter's window (a window of two chunks drops the oldest, which changes the prediction)."""
+    from longlive_core.distill.merge import outputs
+    from longlive_core.infer.config import RolloutConfig
+
+    _, ar, _, latents = inputs
+    calibration, evaluation, _ = merge_inputs(latents, 2, 8, list(STEPS), 50, 50, 0)
+    every = calibration + evaluation
+    assert all(len(i.context) == i.key[1] for i in every)
+    deep = next(i for i in every if len(i.context) >= 2)
+    model = load_dit(ar, DIT_CONFIGS["tiny"], dtype=torch.float32).eval()
+    cpu = torch.device("cpu")
+    whole = RolloutConfig(2, STEPS, None)
+    with_context = outputs(model, [deep], torch.float32, cpu, whole)
+    alone = outputs(model, [dataclasses.replace(deep, context=())], torch.float32, cpu, whole)
+    assert not torch.allclose(with_context, alone)
+    assert not torch.allclose(outputs(model, [deep], torch.float32, cpu, RolloutConfig(2, STEPS, 4)), with_context)
+    torch.testing.assert_close(outputs(model, [deep], torch.float32, cpu, RolloutConfig(2, STEPS, 2 * len(every))),
+                               with_context, rtol=0, atol=0)  # a window wider than the sample: all of it

@@ -52,6 +52,27 @@ def test_a_folder_of_the_first_version_is_read_through_its_migration(tmp_path):
     assert folder.text_encoder.max_length == 16
 
 
+def test_a_version_2_few_step_window_is_read_as_the_attention_it_ran(tmp_path):
+    """Version 2 counted the cached frames only (a chunk read window + itself) and rolled out with no
+    sinks: read as version 3, the window counts the chunk and the sinks are 0, the same attention."""
+    old = as_json(dataclasses.replace(folder_config(), sampling=Sampling("few-step", (1000, 0), window=6,
+                                                                          chunk_frames=2)))
+    old["schema_version"] = 2
+    for key in ("global_sink", "shot_sink"):
+        del old["sampling"][key]
+    folder = read_json_folder(old, tmp_path / "w4a4")
+    assert (folder.sampling.window, folder.sampling.global_sink, folder.sampling.shot_sink) == (8, 0, 0)
+    ar = as_json(folder_config())
+    ar["schema_version"] = 2
+    assert read_json_folder(ar, tmp_path / "ar").sampling == folder_config().sampling  # an AR one: as it was
+
+
+def read_json_folder(raw: dict, directory):
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(raw))
+    return read_dit_folder(directory)
+
+
 @pytest.mark.parametrize(("change", "message"), [
     (lambda d: d["latent"].pop("channels"), r"config\.json: config\.latent\.channels is required"),
     (lambda d: d["latent"].update(chunk_frames="8"), r"config\.latent\.chunk_frames: expected an integer"),

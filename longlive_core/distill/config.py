@@ -30,7 +30,9 @@ class DistillDMDConfig:
     latent_frames: int = 32  # generated per sample (whole chunks of models/ar's chunk_frames)
     grad_frames: int = 32  # the last frames whose exit step carries the generator's gradient
     denoising_steps: tuple[int, ...] = (1000, 946, 854, 681, 0)
-    window: int | None = 32  # KV-cache local window in latent frames; null: every frame before
+    window: int | None = 32  # latent frames a rollout chunk attends to, itself and the sinks included; null: all
+    global_sink: int = 8  # the video's first latent frames, kept in the rollout's cache (as inference)
+    shot_sink: int = 8  # the current shot's first latent frames, kept while the shot lasts
     real_guidance: float = 3.0  # real = cond + g (cond - uncond) against the empty prompt
     fake_guidance: float = 0.0
     timestep_shift: float = 5.0
@@ -58,11 +60,12 @@ class DistillDMDConfig:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}.{key} must be at least 1; got {getattr(self, key)}")
         try:
-            RolloutConfig(steps=tuple(self.denoising_steps), window=self.window)
+            RolloutConfig(steps=tuple(self.denoising_steps), window=None)
         except ValueError as exc:
-            raise ConfigError(f"{where}.denoising_steps: {exc}") from exc
-        if self.window is not None and self.window < 1:
-            raise ConfigError(f"{where}.window must be at least one latent frame, or null; got {self.window}")
+            raise ConfigError(f"{where}.denoising_steps: {exc}") from None
+        if (self.window is not None and self.window < 1) or self.global_sink < 0 or self.shot_sink < 0:
+            raise ConfigError(f"{where}: window must be at least 1 (or null) and the sinks at least 0; the window "
+                              "must also hold both sinks and a chunk (checked against the AR model's chunk)")
         if not 0 <= self.min_timestep < self.max_timestep <= 1000 or self.timestep_shift <= 0:
             raise ConfigError(f"{where}: need 0 <= min_timestep < max_timestep <= 1000 and timestep_shift > 0")
         if self.recipe not in RECIPE_NAMES:
@@ -85,12 +88,16 @@ class DistillDMDConfig:
             if getattr(self, key) % chunk_frames:
                 raise ConfigError(f"distill_dmd.{key} ({getattr(self, key)}) must be a whole number of the AR "
                                   f"model's {chunk_frames}-frame chunks")
+        try:
+            self.rollout(chunk_frames)
+        except ValueError as exc:
+            raise ConfigError(f"distill_dmd: {exc}") from None
         if chunk_frames % self.sp or self.latent_frames % (self.sp * chunk_frames):
             raise ConfigError(f"distill_dmd.sp ({self.sp}) must divide the {chunk_frames}-frame chunks (the rollouts "
                               f"split each one) and latent_frames ({self.latent_frames}) must be whole chunks per rank")
 
     def rollout(self, chunk_frames: int) -> RolloutConfig:
-        return RolloutConfig(chunk_frames, tuple(self.denoising_steps), self.window)
+        return RolloutConfig(chunk_frames, tuple(self.denoising_steps), self.window, self.global_sink, self.shot_sink)
 
     @property
     def sp(self) -> int:

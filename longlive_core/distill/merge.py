@@ -1,7 +1,9 @@
 """The W4A4 merge (``merge_w4a4``, what the stage runs and a notebook can call): the generator's LoRA
 merged into the AR weights in float32, then every eligible linear layer quantized to packed NVFP4 (no
 high-precision copy kept), calibrated and checked on disjoint fixed inputs against the BF16 merged
-model (within ``max_rel_error``, or the merge fails) and against the generator as distilled."""
+model (within ``max_rel_error``, or the merge fails) and against the generator as distilled. Each
+input is a chunk as generation runs it: after its sample's earlier chunks, written into the
+inference KV cache with the adapter's window and sinks by the model under test."""
 from __future__ import annotations
 
 import copy
@@ -14,6 +16,9 @@ import torch
 from longlive_core.config import ConfigError
 from longlive_core.distill.config import MergeW4A4Config
 from longlive_core.distill.lora import merge_adapter
+from longlive_core.infer.config import RolloutConfig
+from longlive_core.infer.kv_cache import KVCache, SinkConfig
+from longlive_core.infer.rollout import write_chunk
 from longlive_core.io.atomic import atomic_dir
 from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.folder import DiTFolder, read_adapter_folder, read_dit_folder, write_config
@@ -30,22 +35,34 @@ def merged_model(ar_dir: Path, ar_config: DiTFolder, dmd_dir: Path) -> WanDiT:
 
 
 @dataclasses.dataclass(frozen=True)
+class CleanChunk:
+    """A chunk the KV cache holds: clean latents, the caption and frame positions it was written with."""
+
+    x0: torch.Tensor  # (1, C, F_c, h, w)
+    text: torch.Tensor  # (1, T, D)
+    positions: torch.Tensor  # (F_c,)
+    new_shot: bool  # it begins a shot (the cache's shot sink moves to it)
+
+
+@dataclasses.dataclass(frozen=True)
 class ChunkInput:
     """One chunk as generation feeds the model: a (sample, chunk) of the latent cache noised to a
-    sampling step, its own shot's caption and its frame positions."""
+    sampling step, its own shot's caption and frame positions, after the sample's earlier chunks."""
 
     key: tuple[str, int]  # (sample, chunk index)
     x_t: torch.Tensor  # (1, C, F_c, h, w)
     t: torch.Tensor  # (1,)
     text: torch.Tensor  # (1, T, D)
     positions: torch.Tensor  # (F_c,)
+    new_shot: bool = False
+    context: tuple[CleanChunk, ...] = ()  # the sample's chunks before it, in order
 
 
 def merge_inputs(latents: Path, chunk: int, shot_offset: int, steps: list[int], calibration: int, evaluation: int,
                  seed: int) -> tuple[list[ChunkInput], list[ChunkInput], str]:
     """Calibration and evaluation inputs on disjoint (sample, chunk) pairs of the val split (the train
-    split when val has none), drawn by ``seed``; where there are fewer pairs than asked, both shrink
-    and the note says so."""
+    split when val has none), drawn by ``seed``, each with its sample's earlier chunks as KV context;
+    where there are fewer pairs than asked, both shrink and the note says so."""
     data = LatentSamples(latents, "val", chunk, shot_offset)
     if not len(data):
         data = LatentSamples(latents, "train", chunk, shot_offset)
@@ -62,23 +79,48 @@ def merge_inputs(latents: Path, chunk: int, shot_offset: int, steps: list[int], 
     order = torch.randperm(len(pairs), generator=generator_for(seed, "merge-pairs")).tolist()
     chosen = [pairs[i] for i in order[:calibration + evaluation]]
     whole = {sid: data.load(sid, data.frames(sid), None) for sid in {sid for sid, _ in chosen}}
+    def clean(s, j: int) -> CleanChunk:
+        lo = j * chunk
+        new_shot = j > 0 and bool(s.shot_of_frame[lo] != s.shot_of_frame[lo - chunk])
+        return CleanChunk(s.latents[None, :, lo:lo + chunk], s.text[int(s.shot_of_frame[lo])][None],
+                          s.positions[lo:lo + chunk], new_shot)
+
     inputs = []
     for i, (sid, k) in enumerate(chosen):
-        s, lo = whole[sid], k * chunk
+        s, here = whole[sid], clean(whole[sid], k)
         g = generator_for(seed, "merge-input", sid, k)
         t = float(steps[i % (len(steps) - 1)])  # the steps before the final 0
-        x0 = s.latents[None, :, lo:lo + chunk]
-        x_t = (1 - t / 1000) * x0 + (t / 1000) * torch.randn(x0.shape, generator=g)
-        inputs.append(ChunkInput((sid, k), x_t, torch.tensor([t]), s.text[int(s.shot_of_frame[lo])][None],
-                                 s.positions[lo:lo + chunk]))
+        x_t = (1 - t / 1000) * here.x0 + (t / 1000) * torch.randn(here.x0.shape, generator=g)
+        inputs.append(ChunkInput((sid, k), x_t, torch.tensor([t]), here.text, here.positions, here.new_shot,
+                                 tuple(clean(s, j) for j in range(k))))
     return inputs[:calibration], inputs[calibration:], note
 
 
 @torch.no_grad()
-def outputs(model: WanDiT, inputs: list[ChunkInput], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The model's predictions for ``inputs``, flattened and concatenated (float32, on the CPU)."""
-    ys = [model(i.x_t.to(device, dtype), i.t.to(device), i.text.to(device, dtype),
-                frame_positions=i.positions.to(device)).float().cpu().flatten() for i in inputs]
+def outputs(model: WanDiT, inputs: list[ChunkInput], dtype: torch.dtype, device: torch.device,
+            sampling: RolloutConfig) -> torch.Tensor:
+    """The model's predictions for ``inputs``, flattened and concatenated (float32, on the CPU): each
+    after the model wrote its input's context into a KV cache of ``sampling``'s window and sinks."""
+    dit = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft wrapper's WanDiT
+    _, ph, pw = dit.cfg.patch_size
+    ys = []
+    for i in inputs:
+        _, _, _, h, w = i.x_t.shape
+        cache = KVCache(len(dit.blocks), (h // ph) * (w // pw), sampling.window,
+                        sink=SinkConfig(sampling.global_sink, sampling.shot_sink))
+        saved, dit.attention_fn = dit.attention_fn, cache
+        try:
+            for c in i.context:
+                if c.new_shot:
+                    cache.start_shot()
+                write_chunk(model, cache, c.x0.to(device, dtype), c.text.to(device, dtype), c.positions.to(device),
+                            dtype)
+            if i.new_shot:
+                cache.start_shot()
+            ys.append(model(i.x_t.to(device, dtype), i.t.to(device), i.text.to(device, dtype),
+                            frame_positions=i.positions.to(device)).float().cpu().flatten())
+        finally:
+            dit.attention_fn = saved
     return torch.cat(ys)
 
 
@@ -119,19 +161,22 @@ def merge_w4a4(ar_dir: Path, dmd_dir: Path, latents: Path, cfg: MergeW4A4Config,
     calibration, evaluation, note = merge_inputs(latents, ar.latent.chunk_frames, ar.multi_shot.shot_rope_offset,
                                                  list(dmd.sampling.steps), cfg.calibration_inputs, cfg.eval_inputs,
                                                  cfg.seed)
+    own = dmd.sampling  # the window and sinks the generator was distilled with, as generation runs it
+    sampling = RolloutConfig(ar.latent.chunk_frames, tuple(own.steps), own.window, own.global_sink or 0,
+                             own.shot_sink or 0)
     model = merged_model(ar_dir, ar, dmd_dir).to(device)
-    y_fp32 = outputs(model, evaluation, torch.float32, device)
+    y_fp32 = outputs(model, evaluation, torch.float32, device, sampling)
     reference = copy.deepcopy(model).to(torch.bfloat16)  # the BF16 merged model
-    y_bf16 = outputs(reference, evaluation, torch.bfloat16, device)
+    y_bf16 = outputs(reference, evaluation, torch.bfloat16, device, sampling)
     bf16_bytes = sum(t.numel() * 2 for t in reference.state_dict().values())
     del reference
     distilled = distilled_generator(ar_dir, ar, dmd_dir, dmd.distillation.get("recipe", cfg.recipe)).to(device)
-    y_distilled = outputs(distilled, evaluation, torch.float32, device)  # its masters are float32
+    y_distilled = outputs(distilled, evaluation, torch.float32, device, sampling)  # its masters are float32
     del distilled
     report = convert_linears(model, cfg.recipe, skip=ar.precision.skip, keep_last_blocks=ar.precision.keep_last_blocks,
                              packed=True)
     layers = packed_layers(model)
-    amax = calibrate(model, lambda: outputs(model, calibration, torch.float32, device))
+    amax = calibrate(model, lambda: outputs(model, calibration, torch.float32, device, sampling))
     state = {k: v.cpu() for k, v in w4a4_state_dict(model, dtype, amax).items()}
     packed_bytes = sum(layer.packed_bytes() for layer in layers.values())
     packed_bf16_bytes = sum(layer.in_features * layer.out_features * 2 for layer in layers.values())
@@ -139,7 +184,7 @@ def merge_w4a4(ar_dir: Path, dmd_dir: Path, latents: Path, cfg: MergeW4A4Config,
         save_file(state, str(staging / W4A4_WEIGHTS), metadata={"format": "pt"})
         write_config(folder(quantization_config(model, RECIPES[cfg.recipe])), staging)
         loaded = load_w4a4(staging, read_dit_folder(staging), device)  # what inference will load
-        y_w4a4 = outputs(loaded, evaluation, dtype, device)
+        y_w4a4 = outputs(loaded, evaluation, dtype, device, sampling)
         disk = (staging / W4A4_WEIGHTS).stat().st_size
         metrics = {
             "disk_bytes": disk, "bf16_bytes": bf16_bytes, "size_ratio": round(bf16_bytes / disk, 4),
@@ -151,6 +196,9 @@ def merge_w4a4(ar_dir: Path, dmd_dir: Path, latents: Path, cfg: MergeW4A4Config,
             "rel_error_bf16_vs_fp32": relative_error(y_bf16, y_fp32),
             "max_rel_error": cfg.max_rel_error, "eval_inputs": len(evaluation),
             "calibration_inputs": len(calibration), "inputs": note, "conversion": report.summary(),
+            "kv_context": {"window": sampling.window, "global_sink": sampling.global_sink,
+                           "shot_sink": sampling.shot_sink,
+                           "eval_context_chunks": [len(i.context) for i in evaluation]},
         }
         if metrics["rel_error_w4a4_vs_bf16"] > cfg.max_rel_error:
             raise MergeError(f"the W4A4 model's output error against the BF16 merged model is "

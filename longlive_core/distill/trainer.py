@@ -39,14 +39,13 @@ from longlive_core.distill.dmd import (
 from longlive_core.distill.roles import FullRoles, LoRARoles
 from longlive_core.distributed.parallelize import ParallelizePlan, parallel_dims, parallelize_dit
 from longlive_core.distributed.ulysses import gather_frames, gather_video, rank_frames
-from longlive_core.infer.rollout import RolloutConfig, rollout
+from longlive_core.infer.rollout import RolloutConfig, rollout, teacher_schedule
 from longlive_core.latents.files import EMPTY_PROMPT
 from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.folder import read_dit_folder
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.checkpointing import CheckpointStore, agree
 from longlive_core.train.data import LatentSamples, TrainSample, generator_for
-from longlive_core.train.flow import FlowMatching
 from longlive_core.train.forward import layout_of, teacher_forcing_velocity
 from longlive_core.train.loop import LoopSettings, MetricsSink, peak_memory_mb, run_steps, sum_over_ranks
 
@@ -67,13 +66,6 @@ class DistillInputs:
 class Prompt:
     sample: TrainSample  # captions, shot of each frame, RoPE positions of the window (its latents: the data's)
     noise: torch.Tensor  # (1, C, F, h, w)
-
-
-def teacher_schedule(steps: int, shift: float) -> tuple[int, ...]:
-    """``steps`` timesteps of the AR model's shifted schedule, descending from 1000, then 0."""
-    flow = FlowMatching(1000, shift)
-    ts = flow.timestep(flow.sigmas(torch.arange(steps) * (1000 // steps))).round().int().tolist()
-    return (*sorted(set(ts), reverse=True), 0)
 
 
 class PhaseTimes:
@@ -164,16 +156,18 @@ class DMDTrainer:
     # ------------------------------------------------------------------ model calls
     def generate(self, model: WanDiT, prompt: Prompt, key: tuple, exit_index: int | None = None,
                  grad: bool = False, cfg: RolloutConfig | None = None) -> torch.Tensor:
-        """The rollout for ``prompt``, each chunk reading its own shot's caption; with ``grad``, the
-        exit step of the last ``grad_frames`` frames carries the gradient. Under sequence parallelism
-        this rank's frames of every chunk (``video`` joins them)."""
+        """The rollout for ``prompt``, each chunk reading its own shot's caption, the cache's shot sink
+        moving where the sample starts a shot (as inference); with ``grad``, the exit step of the last
+        ``grad_frames`` frames carries the gradient. Under sequence parallelism this rank's frames of
+        every chunk (``video`` joins them)."""
         s, cfg = prompt.sample, cfg or self.rollout_cfg
         frames = s.latents.shape[1]
         n = frames // self.chunk
-        texts = [s.text[int(s.shot_of_frame[c * self.chunk])][None].to(self.device, self.dtype) for c in range(n)]
+        shots = [int(s.shot_of_frame[c * self.chunk]) for c in range(n)]
+        texts = [s.text[shot][None].to(self.device, self.dtype) for shot in shots]
         grad_from = max(0, n - self.cfg.grad_frames // self.chunk) if grad else None
         return rollout(model, prompt.noise.to(self.device), texts, cfg, generator_for(self.cfg.seed, "rollout", *key),
-                       s.positions.to(self.device), exit_index, grad_from, self.dtype, self.shard)
+                       s.positions.to(self.device), exit_index, grad_from, self.dtype, self.shard, shots)
 
     def video(self, x: torch.Tensor) -> torch.Tensor:
         """The whole generated video from every SP rank's frames of it (detached)."""

@@ -16,7 +16,7 @@ VERDICT_METRICS = ("temporal_flickering", "within_shot_consistency", "shot_switc
 class EvaluateConfig:
     suite: dict = dataclasses.field(default_factory=dict)  # name -> a prompt file's text (longlive generate's)
     seed: int = 0
-    steps: int | None = None  # sampling steps; null: generate's default list
+    steps: int | None = None  # sampling steps; null: the model folder's own (or generate.step_list)
     kv: str | None = None  # the KV cache's format; null: generate.kv
     cut_tolerance_frames: int = 6  # a detected cut this close to an asked one is a hit
     sheet_frames_per_shot: int = 4

@@ -35,12 +35,31 @@ class SuiteRun:
     on_video: Callable[[str, Path, Path, dict], None] | None = None  # (name, mp4, sheet, its scores)
 
 
-def suite_settings(cfg: EvaluateConfig, generate: GenerateConfig, steps: tuple[int, ...], fvd_reference: str | None
-                   ) -> dict:
-    """What a score depends on besides the weights: two models are compared only on equal settings."""
-    return {"suite": digest_json(cfg.suite)[:16], "seed": cfg.seed, "steps": list(steps), "kv": generate.kv,
-            "window": generate.window, "global_sink": generate.global_sink, "shot_sink": generate.shot_sink,
+def suite_settings(cfg: EvaluateConfig, generate: GenerateConfig, ran: dict, fvd_reference: str | None) -> dict:
+    """What a score depends on besides the weights: two models are compared only on equal settings.
+    ``ran``: a video's sidecar (the step list, window and sinks it ran, the folder's or the params')."""
+    return {"suite": digest_json(cfg.suite)[:16], "seed": cfg.seed, "steps": list(ran["steps"]), "kv": generate.kv,
+            "window": ran["window"], "global_sink": ran["global_sink"], "shot_sink": ran["shot_sink"],
             "prompt_enhancement": None, "fvd_reference": fvd_reference}
+
+
+def pinned_to(generate: GenerateConfig, settings: dict) -> GenerateConfig:
+    """``generate`` made to sample as ``settings`` say (another model's scores': rescoring the
+    champion under the candidate's settings), whatever the folder's own sampling."""
+    return dataclasses.replace(generate, step_list=tuple(settings["steps"]), window=settings["window"],
+                               global_sink=settings["global_sink"], shot_sink=settings["shot_sink"],
+                               kv=settings["kv"])
+
+
+def vbench_verdict_scores(vbench: dict) -> dict[str, float]:
+    """What official VBench adds to the verdict's metrics: its Total, and its dynamic degree (RAFT's
+    judgement of motion, beside the motion floor) where its weights let that dimension run."""
+    out = {}
+    if vbench["aggregate"] is not None and vbench["aggregate"]["total"] is not None:
+        out["vbench_total"] = vbench["aggregate"]["total"]
+    if vbench["scores"].get("dynamic_degree") is not None:
+        out["dynamic_degree"] = float(vbench["scores"]["dynamic_degree"])
+    return out
 
 
 def score_video(path: Path, side: dict, cfg: EvaluateConfig, shots: ShotsConfig, sheet_path: Path, weighted: list,
@@ -107,12 +126,13 @@ def evaluate_suite(model_dir: Path, cfg: EvaluateConfig, generate: GenerateConfi
     for folder in (out.videos, out.sheets):  # what the suite no longer names goes too
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-    videos, steps = {}, generate.steps(cfg.steps)
+    videos, ran = {}, {}
     for name, text in sorted(cfg.suite.items()):
         prompts = out.videos / f"{name}.txt"
         write_bytes(text.encode("utf-8"), prompts)
         video, sheet = out.videos / f"{name}.mp4", out.sheets / f"{name}.png"
-        side = generate_file(model_dir, prompts, video, generate, cfg.steps)
+        side = generate_file(model_dir, prompts, video, generate, None if generate.step_list else cfg.steps)
+        ran = {k: side[k] for k in ("steps", "window", "global_sink", "shot_sink")}  # the same for every video
         videos[name] = score_video(video, side, cfg, shots, sheet, weighted, fvd)
         log.info("%s: %d frames, flickering %.4f, consistency %.4f, motion %.3f px/frame, shot switches %d/%d "
                  "asked (%d unasked)", name, side["frames"], videos[name]["temporal_flickering"],
@@ -125,8 +145,7 @@ def evaluate_suite(model_dir: Path, cfg: EvaluateConfig, generate: GenerateConfi
     vbench = run_vbench(cfg.vbench, [out.videos / f"{name}.mp4" for name in sorted(videos)])
     for name, reason in vbench["not_run"].items():
         log.info("VBench %s: %s", name, reason)
-    if vbench["aggregate"] is not None and vbench["aggregate"]["total"] is not None:
-        aggregate["vbench_total"] = vbench["aggregate"]["total"]
+    aggregate.update(vbench_verdict_scores(vbench))
     fvd_clips = {}
     if fvd is not None:  # lower is better; over the whole suite's clips against the reference's
         result = fvd.distance()
@@ -134,7 +153,7 @@ def evaluate_suite(model_dir: Path, cfg: EvaluateConfig, generate: GenerateConfi
         fvd_clips = result
     reference = fvd.weights["reference_sha256"] if fvd is not None else None
     return {"aggregate": aggregate, "videos": videos, "model": str(model_dir),
-            "settings": suite_settings(cfg, generate, steps, reference),
+            "settings": suite_settings(cfg, generate, ran, reference),
             "weights": {**{m: "none (pixels only)" for m in (*VERDICT_METRICS, "motion")},
                         **{metric.name: metric.weights for metric in [*weighted, *([fvd] if fvd else [])]}},
             "skipped": skipped, "vbench": vbench, **({"fvd_clips": fvd_clips} if fvd_clips else {})}

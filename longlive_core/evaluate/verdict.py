@@ -27,6 +27,7 @@ METRICS = {
     "imaging_quality": (True, 0.02),  # VBench's (MUSIQ / 100), in [0, 1]
     "subject_consistency": (True, 0.02),  # VBench's (DINO features), in [0, 1]
     "vbench_total": (True, 0.01),  # official VBench's Total (or Quality) score, in [0, 1]
+    "dynamic_degree": (True, 0.1),  # official VBench's (RAFT): the share of videos it judges moving, in [0, 1]
     "fvd": (False, 25.0),  # Fréchet video distance to the reference set: lower is better
 }
 DEFAULT_MARGINS = {name: margin for name, (_, margin) in METRICS.items()}

@@ -32,10 +32,13 @@ PRECISIONS = ("auto", "bf16", "nvfp4", "fp8")
 @dataclasses.dataclass(frozen=True)
 class GenerateConfig:
     """``params.yaml``'s ``generate`` section; ``longlive generate``'s flags override it."""
-    step_lists: tuple[tuple[int, ...], ...] = ((1000, 946, 854, 681, 0), (1000, 681, 0))  # the first: default
-    window: int = 32  # latent frames of keys a chunk reads besides its own, the sinks included
-    global_sink: int = 8  # S_g: the video's first latent frames, kept for the whole video
-    shot_sink: int = 8  # S_s: the current shot's first latent frames
+    # the model folder's own sampling (infer/sampling.py) unless one of these says otherwise
+    step_list: tuple[int, ...] | None = None  # null: the folder's (a few-step folder's list; an AR one's schedule)
+    step_lists: tuple[tuple[int, ...], ...] = ((1000, 946, 854, 681, 0), (1000, 681, 0))  # --steps N's choices
+    ar_steps: int = 50  # an AR (flow-matching) folder's steps on its own shifted schedule
+    window: int | None = None  # latent frames a chunk attends to, itself and the sinks included; null: the folder's
+    global_sink: int | None = None  # S_g: the video's first latent frames, kept all along; null: the folder's
+    shot_sink: int | None = None  # S_s: the current shot's first latent frames; null: the folder's
     kv: str = "bf16"  # bf16 (as computed) | nvfp4
     kv_smooth_keys: bool = True
     kv_four_over_six: str | None = None  # null | mse | mae: the 4/6 block scale's choice rule
@@ -48,13 +51,14 @@ class GenerateConfig:
     vae_device: str = ""  # empty: the DiT's device; cuda:1 (a second GPU decodes while the first denoises) | cpu
 
     def validate(self, where: str) -> None:
-        for steps in self.step_lists:
-            try:
-                RolloutConfig(steps=steps)
-            except ValueError as e:
-                raise ConfigError(f"{where}.step_lists: {e}") from None
-        if not self.step_lists:
-            raise ConfigError(f"{where}.step_lists: give at least one list")
+        for key, lists in (("step_lists", self.step_lists), ("step_list", [self.step_list] if self.step_list else [])):
+            for steps in lists:
+                try:
+                    RolloutConfig(steps=tuple(steps), window=None)
+                except ValueError as e:
+                    raise ConfigError(f"{where}.{key}: {e}") from None
+        if self.ar_steps < 1:
+            raise ConfigError(f"{where}.ar_steps must be at least 1; got {self.ar_steps}")
         if self.kv not in KV_FORMATS:
             raise ConfigError(f"{where}.kv must be one of {KV_FORMATS}; got {self.kv!r}")
         if self.precision not in PRECISIONS:
@@ -65,31 +69,16 @@ class GenerateConfig:
             raise ConfigError(f"{where}.decode must be async or sync; got {self.decode!r}")
         if self.vae_device and not (self.vae_device == "cpu" or self.vae_device.startswith("cuda")):
             raise ConfigError(f"{where}.vae_device must be empty, cpu or cuda:N; got {self.vae_device!r}")
-        if self.default_duration_s <= 0 or self.window < 1:
-            raise ConfigError(f"{where}: default_duration_s must be > 0 and window >= 1")
-        try:
-            SinkConfig(self.global_sink, self.shot_sink)
-        except ValueError as e:
-            raise ConfigError(f"{where}: {e}") from None
+        if self.default_duration_s <= 0 or (self.window is not None and self.window < 1):
+            raise ConfigError(f"{where}: default_duration_s must be > 0 and window >= 1 (or null)")
+        if any(v is not None and v < 0 for v in (self.global_sink, self.shot_sink)):
+            raise ConfigError(f"{where}: global_sink and shot_sink must be >= 0 (or null)")
 
-    def steps(self, count: int | None) -> tuple[int, ...]:
-        """The list of ``count`` sampling steps (None: the first list)."""
-        if count is None:
-            return self.step_lists[0]
-        for steps in self.step_lists:
-            if len(steps) - 1 == count:
-                return steps
-        have = ", ".join(str(len(s) - 1) for s in self.step_lists)
-        raise ConfigError(f"no {count}-step list in generate.step_lists (it has {have}-step lists)")
-
-    def cache(self, model: WanDiT, tokens_per_frame: int, chunk_frames: int) -> KVCache:
-        sink = SinkConfig(self.global_sink, self.shot_sink)
-        try:
-            sink.check(self.window, chunk_frames)
-        except ValueError as e:
-            raise ConfigError(f"generate: {e}") from None
+    def cache(self, model: WanDiT, tokens_per_frame: int, sampling: RolloutConfig) -> KVCache:
+        """The KV cache of a run sampled as ``sampling`` (``infer/sampling.run_sampling``), in ``kv``'s format."""
         quant = KVQuantConfig(self.kv_smooth_keys, self.kv_four_over_six) if self.kv == "nvfp4" else None
-        return KVCache(len(model.blocks), tokens_per_frame, self.window, quant, sink)
+        return KVCache(len(model.blocks), tokens_per_frame, sampling.window, quant,
+                       SinkConfig(sampling.global_sink, sampling.shot_sink))
 
 
 @dataclasses.dataclass

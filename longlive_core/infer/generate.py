@@ -4,11 +4,13 @@
                       [--kv nvfp4|bf16] [--precision bf16|nvfp4|fp8] [--decode async|sync] [--sp P]
                       [--vae-device cuda:1]
 
-Defaults come from ``params.yaml``'s ``generate`` section (``--params``); the text encoder, the VAE,
-the resolution, the frame rate, the chunk length and the shot offset from the model folder's
-config.json, as training used them. Writes the mp4 (frames streamed in as they are decoded; the
-file appears only when complete) and ``<out>.json`` beside it: frames, FPS of the denoise loop and
-end to end, peak memory, KV bytes per token, the recipe. The same seed gives the same frames.
+The model folder's config.json gives the sampling it was made for (the step list, or an AR model's
+schedule with ``generate.ar_steps`` steps; the window and sinks), the text encoder, the VAE, the
+resolution, the frame rate, the chunk length and the shot offset; ``params.yaml``'s ``generate``
+section (``--params``) and the flags override the sampling only where they say so. Writes the mp4
+(frames streamed in as they are decoded; the file appears only when complete) and ``<out>.json``
+beside it: frames, FPS of the denoise loop and end to end, peak memory, KV bytes per token, the
+recipe, the sampling that ran and where each of its settings came from. The same seed gives the same frames.
 ``--sp P`` re-runs the command under torchrun on P ranks (GPUs, or CPU processes): sequence
 parallelism over each chunk's frames (``infer/sequence_parallel.py``, ``distributed/ulysses.py``); rank 0
 decodes and writes.
@@ -39,6 +41,7 @@ from longlive_core.infer.decode import FrameStream, ShotDecoder
 from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, EngineStats, GenerateConfig, generate
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, ShotPlan, parse_prompts, plan_shots
+from longlive_core.infer.sampling import RunSampling, run_sampling
 from longlive_core.io.atomic import atomic_path, write_json
 from longlive_core.models.folder import DiTFolder, read_dit_folder
 from longlive_core.models.text import text_encoder_from
@@ -82,7 +85,7 @@ class Generation:
     config: DiTFolder
     recipe: str
     plan: list[ShotPlan]
-    steps: tuple[int, ...]
+    sampling: RunSampling
     run: Callable[..., EngineStats]
 
 
@@ -92,7 +95,7 @@ def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, step
     if not prompts.is_file():
         raise PromptFileError(f"{prompts} not found: give a prompt file, one line per shot")
     device = pick_device(cfg.device, "generate.device")
-    step_list = cfg.steps(steps)
+    sampling = run_sampling(read_dit_folder(model_dir), cfg, steps)
     model, config, recipe = prepare_model(model_dir, cfg.precision, device)
     if model.cfg.num_heads % shard.size:
         raise ConfigError(f"--sp {shard.size}: the model's {model.cfg.num_heads} attention heads do not split over "
@@ -112,11 +115,11 @@ def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, step
     texts = [embedded[i:i + 1] for i in range(len(segments))]
     _, ph, pw = model.cfg.patch_size
     h, w = latent.height, latent.width
-    cache = cfg.cache(model, (h // ph) * (w // pw), chunk)
-    run = functools.partial(generate, model, plan, texts, cache, step_list,
+    cache = cfg.cache(model, (h // ph) * (w // pw), sampling.rollout)
+    run = functools.partial(generate, model, plan, texts, cache, sampling.rollout.steps,
                             latent_shape=(latent.channels, h, w), dtype=dtype, seed=cfg.seed,
                             shot_offset=config.multi_shot.shot_rope_offset, shard=shard)
-    return Generation(device, model, config, recipe, plan, step_list, run)
+    return Generation(device, model, config, recipe, plan, sampling, run)
 
 
 def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, cfg: GenerateConfig,
@@ -129,8 +132,8 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     wall = time.perf_counter()
     model_dir, prompts, out = Path(model_dir), Path(prompts), Path(out)
     g = prepare_generation(model_dir, prompts, cfg, steps, shard)
-    device, model, config, recipe, plan, step_list, run = (g.device, g.model, g.config, g.recipe, g.plan, g.steps,
-                                                           g.run)
+    device, model, config, recipe, plan, run = g.device, g.model, g.config, g.recipe, g.plan, g.run
+    sampling = g.sampling.rollout
     video, chunk = config.video, config.latent.chunk_frames
     if shard.rank != 0:  # the DiT's share of every chunk; rank 0 decodes and writes
         run(stream=None)
@@ -143,8 +146,10 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     progress = Progress(log, "generate", total_chunks, unit="chunks")
     fps = Fraction(video.fps).limit_denominator(1001000)
     log.info("%s: %d shot(s), %d chunk(s) of %d latent frames, %d frames at %dx%d, %s weights, %s KV cache, "
-             "%d steps, seed %d", model_dir, len(plan), total_chunks, chunk, sum(s.video_frames for s in plan),
-             video.width, video.height, recipe, cfg.kv, len(step_list) - 1, cfg.seed)
+             "%d steps, window %s, sinks %d + %d (sampling from: %s), seed %d", model_dir, len(plan), total_chunks,
+             chunk, sum(s.video_frames for s in plan), video.width, video.height, recipe, cfg.kv,
+             len(sampling.steps) - 1, sampling.window, sampling.global_sink, sampling.shot_sink,
+             ", ".join(f"{k} {v}" for k, v in g.sampling.source.items()), cfg.seed)
     start = time.perf_counter()
     with atomic_path(out) as tmp, VideoWriter(tmp, fps, video.width, video.height,
                                                  threads=0) as writer:
@@ -170,10 +175,11 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
         "shots": [{"index": s.index, "latent_frames": s.latent_frames, "video_frames": s.video_frames,
                    "prompts": [seg.prompt for seg in s.segments], "lines": [seg.line for seg in s.segments]}
                   for s in plan],
-        "seed": cfg.seed, "steps": list(step_list), "model": str(model_dir), "model_format": config.format,
+        "seed": cfg.seed, "steps": list(sampling.steps), "model": str(model_dir), "model_format": config.format,
         "recipe": recipe, "kv": cfg.kv, "decode": cfg.decode, "device": str(device), "sp": shard.size,
         "vae_device": str(decoder.device),
-        "window": cfg.window, "global_sink": cfg.global_sink, "shot_sink": cfg.shot_sink,
+        "window": sampling.window, "global_sink": sampling.global_sink, "shot_sink": sampling.shot_sink,
+        "sampling_from": g.sampling.source,
         "denoise_s": stats.denoise_s, "decode_s": stream.decode_s, "generate_s": elapsed,
         "wall_s": time.perf_counter() - wall,
         "denoise_fps": stream.frames / stats.denoise_s if stats.denoise_s else None,
@@ -221,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                     "'+' in front for a prompt change inside the shot")
     ap.add_argument("--out", required=True, help="the mp4 to write (and OUT.json beside it)")
     ap.add_argument("--seed", type=int)
-    ap.add_argument("--steps", type=int, help="sampling steps: the list of that length in generate.step_lists")
+    ap.add_argument("--steps", type=int, help="sampling steps: the model folder's list when it has that many, else "
+                    "the list of that length in generate.step_lists (an AR folder: its schedule with N steps)")
     ap.add_argument("--kv", choices=KV_FORMATS, help="the KV cache's format")
     ap.add_argument("--precision", choices=PRECISIONS, help="the linear layers' weights (fp8: W8A8, Hopper's fast "
                     "path)")

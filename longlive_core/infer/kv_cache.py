@@ -6,13 +6,14 @@ no mask: exactly what a noisy chunk sees in teacher-forcing training (itself and
 before it), and what a clean chunk sees there (the clean chunks up to itself) when the finished
 chunk is run once more at t = 0 to write its own keys and values.
 
-The cache holds at most ``window`` latent frames (None: everything). When a write would pass it,
-the oldest frames go, except the two sinks (REFERENCE.md §1): the global sink, the first
-``global_frames`` of the video, and the shot sink, the first ``shot_frames`` of the current shot.
-The sinks are spans (start, length) over the frames the cache holds, not copies: a new shot
-(``start_shot``) moves the shot sink's start to where the shot's first frame will be written, and
-the previous shot's sink frames age out like any other. The current chunk therefore attends to at
-most ``window`` + its own frames of keys. Keys and values may be held in NVFP4 (``kv_quant.py``).
+``window`` counts every latent frame a chunk attends to, its own and the sinks included (MISSION.md
+"Multi-shot conventions", the public code's local attention size): the cache holds at most
+``window`` minus a chunk's frames (None: everything). When a write would pass that, the oldest frames
+go, except the two sinks (REFERENCE.md §1): the global sink, the first ``global_frames`` of the video,
+and the shot sink, the first ``shot_frames`` of the current shot. The sinks are spans (start, length)
+over the frames the cache holds, not copies: a new shot (``start_shot``) moves the shot sink's start
+to where the shot's first frame will be written, and the previous shot's sink frames age out like
+any other. Keys and values may be held in NVFP4 (``kv_quant.py``).
 """
 from __future__ import annotations
 
@@ -21,26 +22,9 @@ import dataclasses
 
 import torch
 
+from longlive_core.infer.config import SinkConfig
 from longlive_core.infer.kv_quant import KVQuantConfig, QuantizedChunk
 from longlive_core.models.attention import MaskMod, attend
-
-
-@dataclasses.dataclass(frozen=True)
-class SinkConfig:
-    global_frames: int = 0  # S_g: the video's first latent frames, kept for the whole video
-    shot_frames: int = 0  # S_s: the current shot's first latent frames, kept while the shot lasts
-
-    def __post_init__(self) -> None:
-        if self.global_frames < 0 or self.shot_frames < 0:
-            raise ValueError(f"sink lengths must be at least 0; got {self}")
-
-    def check(self, window: int | None, chunk_frames: int) -> None:
-        """The window must hold both sinks and the newest chunk, or the sinks would crowd it out."""
-        need = self.global_frames + self.shot_frames + chunk_frames
-        if window is not None and window < need:
-            raise ValueError(f"a KV window of {window} latent frames cannot hold the global sink "
-                             f"({self.global_frames}), the shot sink ({self.shot_frames}) and a {chunk_frames}-frame "
-                             f"chunk: make the window at least {need}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +64,14 @@ class PlainChunk:
 
 class KVCache:
     def __init__(self, num_layers: int, tokens_per_frame: int, window: int | None = None,
-                 quant: KVQuantConfig | None = None, sink: SinkConfig = SinkConfig()):
-        """``quant``: hold the cached keys and values in NVFP4 (``infer/kv_quant.py``); None: as computed."""
+                 quant: KVQuantConfig | None = None, sink: SinkConfig | None = None):
+        """``window``: the latent frames a chunk attends to, itself included (None: every frame before it).
+        ``quant``: hold the cached keys and values in NVFP4 (``infer/kv_quant.py``); None: as computed.
+        ``sink``: the global and shot sinks (None: none)."""
         if window is not None and window < 1:
             raise ValueError(f"the cache window must be at least one latent frame; got {window}")
         self.num_layers, self.tokens_per_frame, self.window = num_layers, tokens_per_frame, window
-        self.quant, self.sink = quant, sink
+        self.quant, self.sink = quant, sink or SinkConfig()
         # per layer, the written chunks in time order (PlainChunk, or QuantizedChunk under ``quant``)
         self.keys: list[list] = [[] for _ in range(num_layers)]
         self.values: list[list] = [[] for _ in range(num_layers)]
@@ -124,7 +110,7 @@ class KVCache:
         total = self.frames + frames
         grown = Span(self.global_sink.start, min(self.sink.global_frames, self.video_frames + frames))
         shot = Span(self.shot_sink.start, min(self.sink.shot_frames, total - self.shot_sink.start))
-        keep = self._kept(total, [grown, shot])
+        keep = self._kept(total, frames, [grown, shot])
         self._keep, self._new_frames = keep, frames
         try:
             yield
@@ -137,14 +123,15 @@ class KVCache:
         self.frames = sum(hi - lo for lo, hi in keep)
         self.video_frames += frames
 
-    def _kept(self, total: int, sinks: list[Span]) -> list[tuple[int, int]]:
-        """The frame ranges of [held; new] that stay: every frame while they fit the window, else the
-        sinks and the newest of the rest."""
-        if self.window is None or total <= self.window:
+    def _kept(self, total: int, chunk: int, sinks: list[Span]) -> list[tuple[int, int]]:
+        """The frame ranges of [held; new] that stay: every frame while they and a next ``chunk`` fit
+        the window, else the sinks and the newest of the rest."""
+        room = None if self.window is None else self.window - chunk
+        if room is None or total <= room:
             return [(0, total)]
         pinned = [f for f in range(total) if any(f in s for s in sinks)]
         rest = [f for f in range(total) if not any(f in s for s in sinks)]
-        kept = sorted(pinned + rest[len(rest) - (self.window - len(pinned)):])
+        kept = sorted(pinned + rest[len(rest) - (room - len(pinned)):])  # check() keeps room >= pinned
         ranges: list[tuple[int, int]] = []
         for f in kept:
             if ranges and ranges[-1][1] == f:

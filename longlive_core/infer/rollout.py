@@ -17,9 +17,18 @@ import torch
 
 from longlive_core.distributed.ulysses import WHOLE, SequenceShard, chunk_part
 from longlive_core.infer.config import RolloutConfig
-from longlive_core.infer.kv_cache import KVCache
+from longlive_core.infer.kv_cache import KVCache, SinkConfig
 from longlive_core.infer.sequence_parallel import ShardedCache
 from longlive_core.models.wan_dit import WanDiT
+from longlive_core.train.flow import FlowMatching
+
+
+def teacher_schedule(steps: int, shift: float, num_train_timesteps: int = 1000) -> tuple[int, ...]:
+    """``steps`` timesteps of a flow-matching model's own shifted schedule (the AR model's many-step
+    sampler), descending from ``num_train_timesteps``, then 0 (repeats after rounding merged)."""
+    flow = FlowMatching(num_train_timesteps, shift)
+    ts = flow.timestep(flow.sigmas(torch.arange(steps) * (num_train_timesteps // steps))).round().int().tolist()
+    return (*sorted(set(ts), reverse=True), 0)
 
 
 def denoise_chunk(model: WanDiT, x: torch.Tensor, text: torch.Tensor, positions: torch.Tensor,
@@ -52,30 +61,36 @@ def denoise_chunk(model: WanDiT, x: torch.Tensor, text: torch.Tensor, positions:
 def rollout(model: WanDiT, noise: torch.Tensor, text: torch.Tensor | Sequence[torch.Tensor], cfg: RolloutConfig,
             generator: torch.Generator | None = None, positions: torch.Tensor | None = None,
             exit_index: int | None = None, grad_from_chunk: int | None = None, dtype: torch.dtype | None = None,
-            shard: SequenceShard = WHOLE) -> torch.Tensor:
-    """noise (B, C, F, h, w), F a whole number of chunks -> the generated latents, chunk after chunk.
-    ``text``: (B, T, D) for every chunk, or one such tensor per chunk (a multi-shot video's chunks
-    read their own shot's caption); ``positions`` (F,) RoPE frame positions (default 0..F-1, shot
-    offsets are the caller's). Self-forcing: every chunk exits at step ``exit_index``, and the chunks
-    from ``grad_from_chunk`` on carry the gradient of that step (None: no gradient anywhere). Under
-    sequence parallelism (``shard``, every rank given the same noise and generator) the result is
-    this rank's frames of every chunk (``infer.sequence_parallel.gather_video`` joins them)."""
+            shard: SequenceShard = WHOLE, shots: Sequence[int] | None = None) -> torch.Tensor:
+    """noise (B, C, F, h, w), F a whole number of chunks -> the generated latents, chunk after chunk,
+    with the inference KV cache (``cfg``'s window and sinks). ``text``: (B, T, D) for every chunk, or
+    one such tensor per chunk (a multi-shot video's chunks read their own shot's caption); ``shots``:
+    each chunk's shot index (default: one shot), a change starts a shot in the cache as inference
+    does; ``positions`` (F,) RoPE frame positions (default 0..F-1, shot offsets are the caller's).
+    Self-forcing: every chunk exits at step ``exit_index``, and the chunks from ``grad_from_chunk``
+    on carry the gradient of that step (None: no gradient anywhere). Under sequence parallelism
+    (``shard``, every rank given the same noise and generator) the result is this rank's frames of
+    every chunk (``infer.sequence_parallel.gather_video`` joins them)."""
     _, _, frames, h, w = noise.shape
     if frames % cfg.chunk_frames:
         raise ValueError(f"{frames} latent frames are not a whole number of {cfg.chunk_frames}-frame chunks")
     n = frames // cfg.chunk_frames
     texts = [text] * n if isinstance(text, torch.Tensor) else list(text)
-    if len(texts) != n:
-        raise ValueError(f"{len(texts)} texts for {n} chunks")
+    shots = [0] * n if shots is None else list(shots)
+    if len(texts) != n or len(shots) != n:
+        raise ValueError(f"{len(texts)} texts and {len(shots)} shot indices for {n} chunks")
     if positions is None:
         positions = torch.arange(frames, device=noise.device)
     _, ph, pw = model.cfg.patch_size
-    cache = KVCache(len(model.blocks), (h // ph) * (w // pw), cfg.window)
+    cache = KVCache(len(model.blocks), (h // ph) * (w // pw), cfg.window,
+                    sink=SinkConfig(cfg.global_sink, cfg.shot_sink))
     lo, hi = chunk_part(cfg.chunk_frames, shard)
     saved, model.attention_fn = model.attention_fn, (cache if shard.size == 1 else ShardedCache(cache, shard))
     chunks = []
     try:
         for c in range(n):
+            if c and shots[c] != shots[c - 1]:
+                cache.start_shot()
             part = slice(c * cfg.chunk_frames + lo, c * cfg.chunk_frames + hi)
             grad = grad_from_chunk is not None and c >= grad_from_chunk
             x0 = denoise_chunk(model, noise[:, :, part], texts[c], positions[part], cfg.steps, generator,

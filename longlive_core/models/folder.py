@@ -21,7 +21,8 @@ from longlive_core.models.config import DiTConfig, dit_config
 from longlive_core.models.weights import CheckpointError
 
 CONFIG = "config.json"  # beside the weights: what rebuilds and runs the model
-SCHEMA_VERSION = 2  # 1: before config.json carried its version (no encoder digests, no base identity)
+SCHEMA_VERSION = 3  # 1: before config.json carried its version (no encoder digests, no base identity);
+# 2: sampling.window counted the cached frames only, not the chunk itself, and rollouts had no sinks
 DIT_FORMATS = ("longlive-dit", "longlive-w4a4")
 ADAPTER_FORMAT = "peft-lora"
 
@@ -62,8 +63,10 @@ class Sampling:
     steps: tuple[int, ...] | None = None  # the denoising steps, descending to 0; None: the full schedule
     num_train_timesteps: int | None = None
     timestep_shift: float | None = None
-    window: int | None = None  # the KV cache's window in latent frames
+    window: int | None = None  # latent frames a chunk attends to, itself and the sinks included; None: all before
     chunk_frames: int | None = None
+    global_sink: int | None = None  # the video's first latent frames kept in the KV cache (None: not recorded)
+    shot_sink: int | None = None  # the current shot's first latent frames kept in it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +155,19 @@ def _v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return {**raw, "schema_version": 2}
 
 
-_MIGRATIONS = {1: _v1_to_v2}  # version -> the function that makes it the next one
+def _v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
+    """Version 2's window was the frames cached besides the chunk, and its rollouts had no sinks: the
+    same attention in version 3's terms is that window plus the chunk, with sinks of 0."""
+    sampling = raw.get("sampling")
+    if isinstance(sampling, dict) and sampling.get("kind") == "few-step":
+        sampling = {"global_sink": 0, "shot_sink": 0, **sampling}
+        if isinstance(sampling.get("window"), int) and isinstance(sampling.get("chunk_frames"), int):
+            sampling["window"] += sampling["chunk_frames"]
+        raw = {**raw, "sampling": sampling}
+    return {**raw, "schema_version": 3}
+
+
+_MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}  # version -> the function that makes it the next one
 
 
 def read_folder(directory: str | Path, made_by: str = "the stage that makes it") -> DiTFolder | AdapterFolder:
