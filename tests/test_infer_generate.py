@@ -262,8 +262,9 @@ def test_the_vae_on_another_device_decodes_the_same_frames(model_dir, tmp_path):
 
 
 def test_a_damaged_model_folder_is_one_line_that_says_what_to_fix(model_dir, tmp_path, capsys):
-    """A truncated config.json, a truncated weights file, latents the DiT cannot read: each refused in
-    one line before anything runs (they once ended in a JSONDecodeError, SafetensorError, conv error)."""
+    """A truncated config.json, a truncated weights file, latents the DiT cannot read, an encoder that
+    is not the one the model was made with: each refused in one line before anything runs (they once
+    ended in a JSONDecodeError, SafetensorError, conv error; the encoder was never checked)."""
     import shutil
 
     prompts = tmp_path / "p.txt"
@@ -276,6 +277,10 @@ def test_a_damaged_model_folder_is_one_line_that_says_what_to_fix(model_dir, tmp
         "channels": (lambda d: (d / "config.json").write_text(
             (d / "config.json").read_text().replace('"channels": 48', '"channels": 16')),
             "latent.channels is 16 but DiT tiny reads 48"),
+        "encoder": (lambda d: ((d / "vae.safetensors").write_bytes(b"not the VAE"), (d / "config.json").write_text(
+            json.dumps({**json.loads((d / "config.json").read_text()),
+                        "vae": {"path": "vae.safetensors", "sha256": "0" * 64}}))),
+            "it is not the VAE the model was made with"),
     }
     for name, (damage, message) in cases.items():
         folder = tmp_path / name

@@ -43,6 +43,7 @@ from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, ShotPlan, parse_prompts, plan_shots
 from longlive_core.infer.sampling import RunSampling, run_sampling
 from longlive_core.io.atomic import atomic_path, write_json
+from longlive_core.models.encoders import check_encoders
 from longlive_core.models.folder import DiTFolder, read_dit_folder
 from longlive_core.models.text import text_encoder_from
 from longlive_core.models.vae import vae_from
@@ -86,6 +87,7 @@ class Generation:
     recipe: str
     plan: list[ShotPlan]
     sampling: RunSampling
+    encoders: dict[str, str]  # role -> the path the VAE and the text encoder load from (checked)
     run: Callable[..., EngineStats]
 
 
@@ -95,7 +97,9 @@ def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, step
     if not prompts.is_file():
         raise PromptFileError(f"{prompts} not found: give a prompt file, one line per shot")
     device = pick_device(cfg.device, "generate.device")
-    sampling = run_sampling(read_dit_folder(model_dir), cfg, steps)
+    folder = read_dit_folder(model_dir)
+    sampling = run_sampling(folder, cfg, steps)
+    encoders = check_encoders(folder, model_dir)  # the ones the model was made with, before anything loads
     model, config, recipe = prepare_model(model_dir, cfg.precision, device)
     if model.cfg.num_heads % shard.size:
         raise ConfigError(f"--sp {shard.size}: the model's {model.cfg.num_heads} attention heads do not split over "
@@ -109,7 +113,7 @@ def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, step
     segments = parse_prompts(prompts.read_text(encoding="utf-8"), cfg.default_duration_s, str(prompts))
     plan = plan_shots(segments, config.video.fps, chunk, latent.temporal_stride)
 
-    encoder = text_encoder_from(config.text_encoder.path, config.text_encoder.max_length, device)
+    encoder = text_encoder_from(encoders["text_encoder"], config.text_encoder.max_length, device)
     embedded = encoder.encode([s.prompt for s in segments])
     del encoder  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
     texts = [embedded[i:i + 1] for i in range(len(segments))]
@@ -119,7 +123,7 @@ def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, step
     run = functools.partial(generate, model, plan, texts, cache, sampling.rollout.steps,
                             latent_shape=(latent.channels, h, w), dtype=dtype, seed=cfg.seed,
                             shot_offset=config.multi_shot.shot_rope_offset, shard=shard)
-    return Generation(device, model, config, recipe, plan, sampling, run)
+    return Generation(device, model, config, recipe, plan, sampling, encoders, run)
 
 
 def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, cfg: GenerateConfig,
@@ -138,7 +142,7 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     if shard.rank != 0:  # the DiT's share of every chunk; rank 0 decodes and writes
         run(stream=None)
         return None
-    decoder = ShotDecoder(vae_from(config.vae.path, vae_device(cfg.vae_device, device)))
+    decoder = ShotDecoder(vae_from(g.encoders["vae"], vae_device(cfg.vae_device, device)))
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
