@@ -1,7 +1,8 @@
 """One AR teacher-forcing training step at the real 5B block dimensions: tokens/s, MFU, peak memory.
 
     PYTHONPATH=. python bench/train_step.py [--blocks 8] [--frames 8 16 24 32] [--recipes bf16 nvfp4]
-                               [--ac none full] [--compile 0 1] [--steps 4] [--attention rows flex]
+                               [--ac none full selective compiler:0.5] [--compile 0 1] [--steps 4]
+                               [--attention rows flex]
 
 The whole step as `train_ar` runs it (``Trainer.train_step``): one sample's forward and backward
 through the [clean; noisy] teacher-forcing sequence (8-frame chunks; self-attention by the mask's
@@ -12,6 +13,8 @@ a 512-token caption, so F latent frames are 2 x 880 x F tokens. ``--blocks`` of 
 (the optimizer state of all 30 does not fit one GPU beside the activations); MFU counts the
 linears and the unmasked attention pairs x 3 (``train/flops.py``) against the H200's 989 TFLOP/s
 dense BF16 datasheet figure. Median of ``--steps`` timed steps after two warm-up steps.
+``--ac compiler:B`` is ``train_ar.activation_checkpointing: compiler`` with ``ac_budget: B`` (it needs
+``--compile 1``).
 """
 from __future__ import annotations
 
@@ -71,8 +74,10 @@ def profile_step(trainer: Trainer, path: Path) -> None:
 
 
 def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attention: str, rows: list[dict]) -> None:
+    mode, _, budget = ac.partition(":")
     cfg = TrainARConfig(model="bench", init="tiny", steps=10**6, grad_accum=1, chunk_frames=8,
-                        max_latent_frames=max(args.frames), activation_checkpointing=ac, compile=compiled,
+                        max_latent_frames=max(args.frames), activation_checkpointing=mode,
+                        ac_budget=float(budget or TrainARConfig.ac_budget), compile=compiled,
                         precision=dataclasses.replace(TrainARConfig().precision, recipe=recipe),
                         parallel=ParallelConfig(device="cuda"),
                         val_every=0, ema=dataclasses.replace(TrainARConfig().ema, start_step=0), attention=attention)
@@ -105,7 +110,7 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
                 trainer.optimizer.zero_grad(set_to_none=True)
             row["fwd_bwd_ms"] = round(min(fwd_bwd) * 1000, 1)
             if args.profile:
-                name = f"profile-{recipe}-{ac}-{int(compiled)}-{attention}-{frames}.txt"
+                name = f"profile-{recipe}-{ac.replace(':', '')}-{int(compiled)}-{attention}-{frames}.txt"
                 profile_step(trainer, Path(args.out) / name)
             row.update({"step_ms": round(step_s * 1000, 1), "tokens_per_s": round(tokens / step_s),
                         "tflops": round(flops / step_s / 1e12, 1),
@@ -149,9 +154,9 @@ def main() -> None:
                         run_config(args, cache, recipe, ac, bool(compiled), attention, rows)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "train_step.json").write_text(json.dumps(rows, indent=1))
-    print("recipe  ac    compile attn frames tokens  step_ms fwd_bwd  tok/s   TFLOP/s  MFU    peak GiB")
+    print("recipe  ac           compile attn frames tokens  step_ms fwd_bwd  tok/s   TFLOP/s  MFU    peak GiB")
     for r in rows:
-        head = f"{r['recipe']:7} {r['ac']:5} {r['compile']!s:7} {r['attention']:4} {r['frames']:6} {r['tokens']:6}"
+        head = f"{r['recipe']:7} {r['ac']:12} {r['compile']!s:7} {r['attention']:4} {r['frames']:6} {r['tokens']:6}"
         if "error" in r:
             print(f"{head}  {r['error']}")
         else:

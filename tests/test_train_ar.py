@@ -127,6 +127,7 @@ def test_scheduling_changes_resume_and_the_lineage_records_each_range(tmp_path, 
     holds: a run resumes across them; the lineage lists which ran over which steps."""
     cfg = from_mapping(TrainARConfig, BASE, "train_ar")
     for change in ({"activation_checkpointing": "full"}, {"compile": True}, {"attention": "flex"},
+                   {"activation_checkpointing": "compiler", "ac_budget": 0.2, "compile": True},
                    {"checkpoint_every": 1, "keep_runs": 3}, {"precision": {"sqnr_every": 7}}):
         assert from_mapping(TrainARConfig, {**BASE, **change}, "train_ar").resume_params() == cfg.resume_params()
     for change in ({"seed": 1}, {"optimizer": {"lr": 2e-3}}, {"precision": {"recipe": "nvfp4"}}):

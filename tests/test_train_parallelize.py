@@ -49,6 +49,33 @@ def test_activation_checkpointing_changes_no_number(mode):
         torch.testing.assert_close(grads_ac[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
+def test_the_compiler_policy_sets_the_partitioners_budget_and_needs_compiled_blocks():
+    """``compiler``: no checkpoint wrappers, the compiled blocks' partitioner keeps ac_budget of the
+    activations (the knob is read when a block first runs; its numbers are the H200 bench's); every
+    other policy leaves the knob at PyTorch's default; without compile it is refused, in params
+    first."""
+    import torch._functorch.config as functorch_config
+
+    from longlive_core.distributed.parallelize import ParallelizePlan, apply_compile, parallelize_dit
+
+    model = WanDiT(DIT_CONFIGS["tiny"])
+    apply_activation_checkpointing(model, "compiler")
+    assert not any("_checkpoint_wrapped_module" in n for n, _ in model.named_parameters())
+    try:
+        apply_compile(model, 0.3)
+        assert functorch_config.activation_memory_budget == 0.3
+        apply_compile(WanDiT(DIT_CONFIGS["tiny"]))
+        assert functorch_config.activation_memory_budget == 1.0
+    finally:
+        functorch_config.activation_memory_budget = 1.0
+    with pytest.raises(ConfigError, match="needs compile: true"):
+        parallelize_dit(model, None, ParallelizePlan(activation_checkpointing="compiler"), torch.device("cpu"))
+    with pytest.raises(ConfigError, match="set train_ar.compile: true"):
+        TrainARConfig(activation_checkpointing="compiler").validate("train_ar")
+    with pytest.raises(ConfigError, match=r"ac_budget must be in \(0, 1\]"):
+        TrainARConfig(activation_checkpointing="compiler", compile=True, ac_budget=0.0).validate("train_ar")
+
+
 def test_forward_high_precision_switches_only_the_forward_gemm():
     torch.manual_seed(0)
     base = torch.nn.Linear(64, 32)

@@ -73,8 +73,9 @@ class DistillDMDConfig:
         if self.param_dtype not in ("bfloat16", "float32"):
             raise ConfigError(f"{where}.param_dtype must be bfloat16 or float32; got {self.param_dtype!r}")
         if self.activation_checkpointing not in ("none", "full", "selective"):
-            raise ConfigError(f"{where}.activation_checkpointing must be none, full or selective; "
-                              f"got {self.activation_checkpointing!r}")
+            raise ConfigError(f"{where}.activation_checkpointing must be none, full or selective (distillation does "
+                              "not compile its blocks, so compiler is not offered); got "
+                              f"{self.activation_checkpointing!r}")
         if self.stats_every < 0 or self.stats_samples < 0:
             raise ConfigError(f"{where}: stats_every and stats_samples must be >= 0")
         self.lora.validate(f"{where}.lora")

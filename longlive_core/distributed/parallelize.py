@@ -25,7 +25,7 @@ from longlive_core.models.wan_dit import WanDiT
 from longlive_core.quant.recipe import ConversionReport, convert_linears, set_amax_group
 
 WRAPPED = "_checkpoint_wrapped_module."  # what checkpoint_wrapper puts in parameter names
-AC_MODES = ("none", "full", "selective")
+AC_MODES = ("none", "full", "selective", "compiler")
 
 
 def clean_name(name: str) -> str:
@@ -68,7 +68,8 @@ class ParallelizePlan:
     skip: tuple[str, ...] = ()  # globs of linear layers the recipe keeps in high precision
     keep_last_blocks: int = 0
     attention: str | None = None  # rows | flex
-    activation_checkpointing: str = "none"  # none | full | selective
+    activation_checkpointing: str = "none"  # none | full | selective | compiler (compiled blocks only)
+    ac_budget: float = 1.0  # compiler: the share of the activations the partitioner may keep (1.0: all)
     compile: bool = False
     param_dtype: torch.dtype = torch.bfloat16  # FSDP's gathered compute copy
 
@@ -76,6 +77,9 @@ class ParallelizePlan:
 def parallelize_dit(model: WanDiT, dims: ParallelDims, plan: ParallelizePlan, device: torch.device
                     ) -> ConversionReport | None:
     """Applies ``plan`` to ``model`` in place, in one order for every role, and moves it to ``device``."""
+    if plan.activation_checkpointing == "compiler" and not plan.compile:
+        raise ConfigError("activation_checkpointing: compiler is the compiler's own recomputation: it needs compile: "
+                          "true (or choose full or selective)")
     report = None
     if plan.recipe is not None:
         report = convert_linears(model, plan.recipe, skip=plan.skip, keep_last_blocks=plan.keep_last_blocks)
@@ -84,7 +88,7 @@ def parallelize_dit(model: WanDiT, dims: ParallelDims, plan: ParallelizePlan, de
     apply_sequence_parallel(model, dims.shard)
     apply_activation_checkpointing(model, plan.activation_checkpointing)
     if plan.compile:
-        apply_compile(model)
+        apply_compile(model, plan.ac_budget if plan.activation_checkpointing == "compiler" else 1.0)
     model.to(device)
     apply_fsdp(model, dims.fsdp_mesh, plan.param_dtype)
     return report
@@ -119,8 +123,9 @@ def _selective_context():
 
 def apply_activation_checkpointing(model: WanDiT, mode: str) -> None:
     """none | full (each block's activations recomputed in backward) | selective (op-level: keeps
-    matmul and attention outputs, every second matmul's excepted, and recomputes the rest)."""
-    if mode == "none":
+    matmul and attention outputs, every second matmul's excepted, and recomputes the rest) |
+    compiler (no wrappers: the compiled blocks' partitioner recomputes under ``apply_compile``'s budget)."""
+    if mode in ("none", "compiler"):
         return
     for i, block in enumerate(model.blocks):
         if mode == "full":
@@ -129,9 +134,15 @@ def apply_activation_checkpointing(model: WanDiT, mode: str) -> None:
             model.blocks[i] = checkpoint_wrapper(block, context_fn=_selective_context, preserve_rng_state=False)
 
 
-def apply_compile(model: WanDiT) -> None:
+def apply_compile(model: WanDiT, ac_budget: float = 1.0) -> None:
     """torch.compile per block, in place (parameter names unchanged): every block has the same code,
-    so one compilation serves them all."""
+    so one compilation serves them all. ``ac_budget`` < 1: the min-cut partitioner keeps at most that
+    share of the activations a plain compiled backward would and recomputes the cheapest rest
+    (``activation_checkpointing: compiler``). The knob is process-wide and read when a block first
+    runs, so every call sets it (a trainer compiles one model's blocks at a time)."""
+    import torch._functorch.config as functorch_config
+
+    functorch_config.activation_memory_budget = ac_budget
     for block in model.blocks:
         # static shapes: inductor 2.11 fails on the dynamic token count (CantSplit); a training run
         # sees few lengths (most windows are max_latent_frames), each compiled once

@@ -78,6 +78,8 @@ def stage_work(stage: str, params: dict[str, Any], w: Workload) -> tuple[float, 
     if stage == "train_ar":  # the recipe and the recomputation of activation checkpointing set the rate
         t = params["train_ar"]
         ac = t.get("activation_checkpointing", "none")
+        if ac == "compiler":  # the compiler's recomputation depends on its budget: a rate per budget
+            ac = f"compiler{float(t.get('ac_budget', 0.5)):g}"
         return _train_tflop(params), "TFLOP", t["precision"]["recipe"] + ("" if ac == "none" else f"+{ac}-ac"), 1.0
     if stage == "distill_dmd":
         from longlive_core.models.config import dit_config

@@ -194,8 +194,8 @@ class Trainer:
         check_inputs(model, self.train_set.load(self.train_set.sample_ids[0], align, None))
         p = cfg.precision
         self.conversion = parallelize_dit(model, self.dims, ParallelizePlan(
-            p.recipe, tuple(p.skip), p.keep_last_blocks, cfg.attention, cfg.activation_checkpointing, cfg.compile,
-            self.dtype), self.device)
+            p.recipe, tuple(p.skip), p.keep_last_blocks, cfg.attention, cfg.activation_checkpointing, cfg.ac_budget,
+            cfg.compile, self.dtype), self.device)
         self.model = model
         self.optimizer = cfg.optimizer.build(model.parameters(), self.device)
         self.ema = EMA(model, cfg.ema.decay, cfg.ema.start_step)
@@ -315,7 +315,9 @@ class Trainer:
 
     def schedule(self) -> dict:
         cfg = self.cfg
-        return {"activation_checkpointing": cfg.activation_checkpointing, "compile": cfg.compile,
+        return {"activation_checkpointing": cfg.activation_checkpointing,
+                **({"ac_budget": cfg.ac_budget} if cfg.activation_checkpointing == "compiler" else {}),
+                "compile": cfg.compile,
                 "attention": cfg.attention, "device": self.device.type}
 
     def run(self, sink: MetricsSink | None = None, stop_after: int | None = None) -> dict:
