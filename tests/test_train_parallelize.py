@@ -49,7 +49,7 @@ def test_activation_checkpointing_changes_no_number(mode):
         torch.testing.assert_close(grads_ac[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_the_compiler_policy_sets_the_partitioners_budget_and_needs_compiled_blocks():
+def test_the_compiler_policy_sets_the_partitioners_budget_and_needs_compiled_blocks(monkeypatch):
     """``compiler``: no checkpoint wrappers, the compiled blocks' partitioner keeps ac_budget of the
     activations (the knob is read when a block first runs; its numbers are the H200 bench's); every
     other policy leaves the knob at PyTorch's default; without compile it is refused, in params
@@ -62,8 +62,12 @@ def test_the_compiler_policy_sets_the_partitioners_budget_and_needs_compiled_blo
     apply_activation_checkpointing(model, "compiler")
     assert not any("_checkpoint_wrapped_module" in n for n, _ in model.named_parameters())
     try:
+        reset = []
+        monkeypatch.setattr(torch._dynamo, "reset", lambda: reset.append(1))
         apply_compile(model, 0.3)
-        assert functorch_config.activation_memory_budget == 0.3
+        assert functorch_config.activation_memory_budget == 0.3 and reset == [1]  # compiled code dropped
+        apply_compile(WanDiT(DIT_CONFIGS["tiny"]), 0.3)
+        assert reset == [1]  # the same budget: the compiled blocks serve
         apply_compile(WanDiT(DIT_CONFIGS["tiny"]))
         assert functorch_config.activation_memory_budget == 1.0
     finally:

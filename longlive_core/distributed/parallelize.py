@@ -138,11 +138,15 @@ def apply_compile(model: WanDiT, ac_budget: float = 1.0) -> None:
     """torch.compile per block, in place (parameter names unchanged): every block has the same code,
     so one compilation serves them all. ``ac_budget`` < 1: the min-cut partitioner keeps at most that
     share of the activations a plain compiled backward would and recomputes the cheapest rest
-    (``activation_checkpointing: compiler``). The knob is process-wide and read when a block first
-    runs, so every call sets it (a trainer compiles one model's blocks at a time)."""
+    (``activation_checkpointing: compiler``). The knob is process-wide and read when a block is first
+    compiled, and Dynamo reuses a block's compiled code for every model with the same block code (its
+    guards are on shapes, not on the module), so a change of budget drops the compiled code first:
+    measured on the H200, without that a second model ran the first one's partition."""
     import torch._functorch.config as functorch_config
 
-    functorch_config.activation_memory_budget = ac_budget
+    if functorch_config.activation_memory_budget != ac_budget:
+        torch._dynamo.reset()
+        functorch_config.activation_memory_budget = ac_budget
     for block in model.blocks:
         # static shapes: inductor 2.11 fails on the dynamic token count (CantSplit); a training run
         # sees few lengths (most windows are max_latent_frames), each compiled once
