@@ -72,7 +72,9 @@ def read_champion(run, p: Prepared, scores: dict, device) -> RegistryRead:
     log.info("%s: its scores were made under other settings or lack a metric: scoring it again here", champion.label)
     with tempfile.TemporaryDirectory(prefix="champion-") as tmp:
         bundle = run.download(found.source, tmp)
-        again = evaluate_suite(bundle / "model", p.cfg, pinned_to(p.generate, scores["settings"]), p.shots,
+        # the candidate's sampling, whatever the champion's folder says (no step count to pick another list)
+        again = evaluate_suite(bundle / "model", dataclasses.replace(p.cfg, steps=None),
+                               pinned_to(p.generate, scores["settings"]), p.shots,
                                SuiteRun(Path(tmp) / "videos", Path(tmp) / "sheets"), device)
     return RegistryRead(Champion(champion.label, {k: v for k, v in again["aggregate"].items() if k in METRICS},
                                  again["settings"], rescored=True, version=found.version))

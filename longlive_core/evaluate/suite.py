@@ -131,7 +131,7 @@ def evaluate_suite(model_dir: Path, cfg: EvaluateConfig, generate: GenerateConfi
         prompts = out.videos / f"{name}.txt"
         write_bytes(text.encode("utf-8"), prompts)
         video, sheet = out.videos / f"{name}.mp4", out.sheets / f"{name}.png"
-        side = generate_file(model_dir, prompts, video, generate, None if generate.step_list else cfg.steps)
+        side = generate_file(model_dir, prompts, video, generate, cfg.steps)
         ran = {k: side[k] for k in ("steps", "window", "global_sink", "shot_sink")}  # the same for every video
         videos[name] = score_video(video, side, cfg, shots, sheet, weighted, fvd)
         log.info("%s: %d frames, flickering %.4f, consistency %.4f, motion %.3f px/frame, shot switches %d/%d "
