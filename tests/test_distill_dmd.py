@@ -64,3 +64,33 @@ def test_timesteps_are_shifted_and_clamped():
 def test_generator_steps_once_every_five_critic_steps():
     assert [s for s in range(20) if is_generator_step(s, 5)] == [4, 9, 14, 19]
     assert all(is_generator_step(s, 1) for s in range(5))
+
+
+def test_a_rollout_of_a_two_shot_sample_starts_the_second_shot_in_the_cache(monkeypatch):
+    """The generator's rollout hands each chunk its own shot's caption and shot index (the cache
+    starts a shot where the sample does, as inference), with the distilled window and sinks."""
+    import types
+
+    from longlive_core.distill import trainer as trainer_module
+    from longlive_core.distill.config import DistillDMDConfig
+    from longlive_core.distributed.ulysses import WHOLE
+    from longlive_core.train.data import TrainSample
+
+    seen = {}
+
+    def fake_rollout(model, noise, texts, cfg, generator, positions, exit_index, grad_from, dtype, shard, shots):
+        seen.update(texts=texts, cfg=cfg, shots=shots, grad_from=grad_from)
+        return noise
+
+    monkeypatch.setattr(trainer_module, "rollout", fake_rollout)
+    cfg = DistillDMDConfig(latent_frames=8, grad_frames=4, window=8, global_sink=2, shot_sink=2)
+    shot_of_frame = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])  # two shots of two 2-frame chunks each
+    text = torch.stack([torch.full((3, 4), 0.0), torch.full((3, 4), 1.0)])
+    sample = TrainSample("s", torch.zeros(48, 8, 2, 2), text, shot_of_frame, torch.arange(8), 8)
+    prompt = trainer_module.Prompt(sample, torch.zeros(1, 48, 8, 2, 2))
+    me = types.SimpleNamespace(chunk=2, cfg=cfg, device=torch.device("cpu"), dtype=torch.float32, shard=WHOLE,
+                               rollout_cfg=cfg.rollout(2))
+    trainer_module.DMDTrainer.generate(me, None, prompt, ("k",), grad=True)
+    assert seen["shots"] == [0, 0, 1, 1] and [float(t.mean()) for t in seen["texts"]] == [0.0, 0.0, 1.0, 1.0]
+    assert (seen["cfg"].window, seen["cfg"].global_sink, seen["cfg"].shot_sink) == (8, 2, 2)
+    assert seen["grad_from"] == 2  # the last grad_frames (two chunks) carry the gradient
