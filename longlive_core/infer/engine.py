@@ -49,6 +49,7 @@ class GenerateConfig:
     compile: bool = False  # torch.compile each block (the cached attention stays eager)
     device: str = "auto"
     vae_device: str = ""  # empty: the DiT's device; cuda:1 (a second GPU decodes while the first denoises) | cpu
+    vae_dtype: str = "auto"  # the VAE's weights and activations: auto (bfloat16 on a GPU, float32 on the CPU) | ...
 
     def validate(self, where: str) -> None:
         for key, lists in (("step_lists", self.step_lists), ("step_list", [self.step_list] if self.step_list else [])):
@@ -67,6 +68,8 @@ class GenerateConfig:
             raise ConfigError(f"{where}.kv_four_over_six must be null, mse or mae; got {self.kv_four_over_six!r}")
         if self.decode not in ("async", "sync"):
             raise ConfigError(f"{where}.decode must be async or sync; got {self.decode!r}")
+        if self.vae_dtype not in ("auto", "bfloat16", "float32"):
+            raise ConfigError(f"{where}.vae_dtype must be auto, bfloat16 or float32; got {self.vae_dtype!r}")
         if self.vae_device and not (self.vae_device == "cpu" or self.vae_device.startswith("cuda")):
             raise ConfigError(f"{where}.vae_device must be empty, cpu or cuda:N; got {self.vae_device!r}")
         if self.default_duration_s <= 0 or (self.window is not None and self.window < 1):
