@@ -9,7 +9,8 @@ frames (32 video frames), the production window (a chunk attends to 32 latent fr
 global and shot sinks of 8 included), one shot. Steady state: chunks after the window has filled
 (the first three), median per chunk.
 - denoise loop: ``engine.generate`` with the frames dropped, bf16 and NVFP4 KV caches;
-- decode alone: ``ShotDecoder`` on one shot's chunks, nothing else on the GPU;
+- decode alone: ``ShotDecoder`` on one shot's chunks, nothing else on the GPU; its FLOPs counted by
+  ``FlopCounterMode`` over one more steady chunk, as TFLOP/s against the dense BF16 peak;
 - end to end: ``engine.generate`` with ``FrameStream`` (async: the VAE on its own CUDA stream, and
   sync) writing H.264 through ``VideoWriter``, wall clock from the first chunk to the file closed;
 - floor: one plain block (q/k/v/o linears, SDPA over the window's keys, cross-attention over 512
@@ -38,6 +39,7 @@ from longlive_core.infer.rollout import RolloutConfig  # noqa: E402
 from longlive_core.models.config import dit_config  # noqa: E402
 from longlive_core.models.vae import build_vae  # noqa: E402
 from longlive_core.models.wan_dit import WanDiT  # noqa: E402
+from longlive_core.train.flops import PEAK_BF16_TFLOPS  # noqa: E402
 
 STEPS = {4: (1000, 946, 854, 681, 0), 2: (1000, 681, 0)}
 
@@ -183,7 +185,15 @@ def main() -> None:
         if i >= 1:  # the shot's first chunk makes 1 + 4 (F - 1) frames: not a steady chunk
             times.append(time.perf_counter() - t0)
     decode_ms = statistics.median(times) * 1000
-    print(f"decode alone: {decode_ms:.0f} ms per chunk -> {frames_per_chunk / decode_ms * 1000:.1f} FPS")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:  # one steady chunk's decoder FLOPs, counted (not timed)
+        decoder.decode(z)
+    tflop = counter.get_total_flops() / 1e12
+    print(f"decode alone: {decode_ms:.0f} ms per chunk -> {frames_per_chunk / decode_ms * 1000:.1f} FPS; "
+          f"{tflop:.1f} TFLOP per chunk -> {tflop / decode_ms * 1000:.0f} TFLOP/s"
+          + (f" ({tflop / decode_ms * 1000 / PEAK_BF16_TFLOPS['H200']:.0%} of the H200's dense BF16 peak)"
+             if cuda else ""))
 
     from longlive_core.video.writer import VideoWriter
 
