@@ -108,6 +108,9 @@ def test_two_shots_with_durations_give_their_frames_and_a_sidecar(model_dir, tmp
     assert json.loads((tmp_path / "story.mp4.json").read_text())["frames"] == 26
     assert side["denoise_fps"] > 0 and side["end_to_end_fps"] > 0 and side["peak_memory_bytes"] > 0
     assert side["recipe"] == "bf16" and side["kv_bytes_per_token"] > 0
+    # the first frame comes after the prompts are embedded, and both after the call began
+    assert 0 < side["first_frame_after_prompt_s"] < side["first_frame_s"] < side["wall_s"]
+    assert side["load_peak_memory_bytes"] is None  # a GPU's alone: the CPU's peak is the process's RSS
     assert side["steps"] == list(teacher_schedule(4, 5.0)) and side["window"] == 6  # what ran, and from where
     assert side["sampling_from"]["window"] == PARAMS and "ar_steps 4" in side["sampling_from"]["steps"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]

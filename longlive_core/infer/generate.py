@@ -89,6 +89,7 @@ class Generation:
     sampling: RunSampling
     encoders: dict[str, str]  # role -> the path the VAE and the text encoder load from (checked)
     run: Callable[..., EngineStats]
+    encoded_at: float  # perf_counter once the prompts are embedded: what time to first frame counts from
 
 
 def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, steps: int | None = None,
@@ -115,6 +116,7 @@ def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, step
 
     encoder = text_encoder_from(encoders["text_encoder"], config.text_encoder.max_length, device)
     embedded = encoder.encode([s.prompt for s in segments])
+    encoded_at = time.perf_counter()
     del encoder  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
     texts = [embedded[i:i + 1] for i in range(len(segments))]
     _, ph, pw = model.cfg.patch_size
@@ -123,7 +125,7 @@ def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, step
     run = functools.partial(generate, model, plan, texts, cache, sampling.rollout.steps,
                             latent_shape=(latent.channels, h, w), dtype=dtype, seed=cfg.seed,
                             shot_offset=config.multi_shot.shot_rope_offset, shard=shard)
-    return Generation(device, model, config, recipe, plan, sampling, encoders, run)
+    return Generation(device, model, config, recipe, plan, sampling, encoders, run, encoded_at)
 
 
 def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, cfg: GenerateConfig,
@@ -143,6 +145,7 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
         run(stream=None)
         return None
     decoder = vae_decoder(g.encoders["vae"], vae_device(cfg.vae_device, device), cfg.vae_dtype)
+    load_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -157,7 +160,11 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     start = time.perf_counter()
     with atomic_path(out) as tmp, VideoWriter(tmp, fps, video.width, video.height,
                                                  threads=0) as writer:
+        first_frame: list[float] = []
+
         def write(rgb: np.ndarray) -> None:
+            if not first_frame:
+                first_frame.append(time.perf_counter())
             writer.write(rgb)
             if on_frame is not None:
                 on_frame(rgb)
@@ -186,11 +193,15 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
         "sampling_from": g.sampling.source,
         "denoise_s": stats.denoise_s, "decode_s": stream.decode_s, "generate_s": elapsed,
         "wall_s": time.perf_counter() - wall,
+        # time to the first frame handed to the encoder: from this call (loading and compiling included), and
+        # from the prompts embedded
+        "first_frame_s": first_frame[0] - wall, "first_frame_after_prompt_s": first_frame[0] - g.encoded_at,
         "denoise_fps": stream.frames / stats.denoise_s if stats.denoise_s else None,
         "end_to_end_fps": stream.frames / elapsed,
         "peak_memory_bytes": (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                               else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
         "peak_memory_kind": "cuda max allocated" if device.type == "cuda" else "process max RSS",
+        "load_peak_memory_bytes": load_peak,  # cuda: while loading (the DiT and umT5 on the GPU together)
         "kv_bytes_per_token": stats.kv_bytes_per_token, "kv_bytes_per_token_bf16": bf16_per_token,  # per rank
     }
     write_json(sidecar, out.with_name(out.name + ".json"))

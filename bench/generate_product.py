@@ -1,0 +1,267 @@
+"""``longlive generate`` as users run it: ``generate_file`` (the command's own code) with production's
+``generate`` settings (configs/production.yaml over params.yaml: compile, async decode, the VAE in
+bf16) on full-size model folders of random weights.
+
+    python bench/generate_product.py make /tmp/llp [--w4a4]        # ~22 GB of folders, made on the GPU
+    python bench/generate_product.py run /tmp/llp --model dit --precision bf16 --rows bf16:4,bf16:2,nvfp4:4
+    python bench/generate_product.py run /tmp/llp --model dit --precision fp8 --rows bf16:4
+    python bench/generate_product.py run /tmp/llp --model w4a4 --rows nvfp4:4,bf16:4
+    python bench/generate_product.py make /tmp/t --tiny && python bench/generate_product.py run /tmp/t --tiny ...
+
+``make`` writes, under ROOT: ``dit/`` a few-step ``longlive-dit`` folder (the 5B DiT in bf16, sampled as
+distill_dmd's folders are: the 4-step list, window 32 latent frames with sinks 8 + 8, chunks of 8,
+704x1280 at 24 fps); ``w4a4/`` (``--w4a4``) the same weights packed in NVFP4 as a ``longlive-w4a4`` folder
+(packed from the random DiT, not merged from an adapter: the same layout and config.json as
+merge_w4a4 writes); ``vae/`` Wan2.2's VAE and ``umt5/`` an encoder of umT5-XXL's dims (5.7B, bf16) with a
+word-level tokenizer built here (no vocabulary file is offline; the encoder reads 512 padded tokens
+whatever the words); ``prompts.txt``, two shots of 10 s (480 frames). The folders record the
+encoders' digests, as train_ar's do, and the user's digest memo is filled here, as any run after a
+user's first finds it.
+
+``run`` loads one folder per process (one weight precision), generates a one-chunk warm-up (its time
+to the first frame counts from the process's start: imports, loading, umT5, compiling), then each
+row ``KV:STEPS`` on the two-shot prompt file, and prints and appends to ``--json`` what the sidecar
+says: the denoise loop's and end-to-end FPS (decode and H.264 included), time to the first frame
+from the call and from the embedded prompts, peak memory while loading and while generating.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from longlive_core.config import from_mapping  # noqa: E402
+from longlive_core.infer.engine import GenerateConfig  # noqa: E402
+from longlive_core.infer.generate import generate_file  # noqa: E402
+from longlive_core.models.encoders import user_memo  # noqa: E402
+from longlive_core.models.folder import (  # noqa: E402
+    DiTFolder,
+    Encoder,
+    LatentGeometry,
+    MultiShot,
+    PrecisionRules,
+    Sampling,
+    VideoFormat,
+    write_config,
+)
+from longlive_core.models.weights import weights_identity  # noqa: E402
+from longlive_core.params_overlay import overlaid_params  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+FOUR_STEPS = (1000, 946, 854, 681, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    dit: str
+    vae: str
+    latent: tuple[int, int]  # latent height, width
+    chunk: int
+    window: int
+    sink: int
+    text: dict  # UMT5Config's dims
+    text_max_length: int
+    shot_seconds: float
+
+
+FULL = Size("wan2.2-ti2v-5b", "wan2.2", (44, 80), 8, 32, 8,
+            dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                 feed_forward_proj="gated-gelu", relative_attention_num_buckets=32,
+                 relative_attention_max_distance=128, tie_word_embeddings=False), 512, 10.0)
+TINY = Size("tiny", "tiny", (4, 4), 2, 6, 2,
+            dict(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                 feed_forward_proj="gated-gelu", relative_attention_num_buckets=8), 16, 0.5)
+SENTENCE = ("a red kite over the beach at sunset city street at night rain neon lights crowd walks camera pans "
+            "slowly forest path in fog waves breaking on black rocks the scene transitions")
+
+
+def tokenizer(max_length: int):
+    """A word-level tokenizer of umT5's special tokens (pad 0, eos 1, unk 2) and a few words, saved as
+    transformers saves any fast tokenizer, so ``AutoTokenizer.from_pretrained`` reads it as a user's."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(dict.fromkeys(SENTENCE.split()))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   model_max_length=max_length)
+
+
+def make_text_encoder(path: Path, size: Size, device: str) -> None:
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    with torch.device(device):
+        model = UMT5EncoderModel(UMT5Config(**size.text, dropout_rate=0.0))
+    model.to(torch.bfloat16 if device == "cuda" else torch.float32).save_pretrained(path)
+    tokenizer(size.text_max_length).save_pretrained(path)
+    del model
+
+
+def make_vae(path: Path, size: Size, device: str) -> None:
+    from longlive_core.models.vae import build_vae
+
+    with torch.device(device):  # the real VAE's 0.7B parameters initialised on the GPU, not on 16 CPU cores
+        vae = build_vae(size.vae)
+    vae.save_pretrained(path)
+
+
+def folder_config(root: Path, size: Size) -> DiTFolder:
+    from longlive_core.models.config import dit_config
+    from longlive_core.quant.recipe import DEFAULT_SKIP
+
+    dit = dit_config(size.dit)
+    h, w = size.latent
+    memo = user_memo()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+
+    def encoder(path: Path, **more) -> Encoder:
+        return Encoder(str(path), weights_identity(path, memo), **more)
+
+    return DiTFolder(
+        format="longlive-dit", stage="bench", dit={"name": size.dit, **dataclasses.asdict(dit)},
+        latent=LatentGeometry(dit.in_channels, size.chunk, h, w), video=VideoFormat(24.0, 16 * h, 16 * w),
+        vae=encoder(root / "vae"), text_encoder=encoder(root / "umt5", max_length=size.text_max_length),
+        sampling=Sampling("few-step", FOUR_STEPS, 1000, 5.0, window=size.window, chunk_frames=size.chunk,
+                          global_sink=size.sink, shot_sink=size.sink),
+        multi_shot=MultiShot(8), precision=PrecisionRules("bf16", DEFAULT_SKIP),
+        weights_dtype="bfloat16" if size is FULL else "float32", lineage={"made_by": "bench/generate_product.py"})
+
+
+def make(root: Path, size: Size, device: str, w4a4: bool) -> None:
+    from safetensors.torch import save_file
+
+    from bench.gpu_setup import random_dit_on_gpu
+    from longlive_core.infer.model_folder import W4A4_WEIGHTS
+    from longlive_core.models.checkpoint import save_dit
+    from longlive_core.models.config import dit_config
+    from longlive_core.models.folder import as_json
+    from longlive_core.models.wan_dit import WanDiT
+    from longlive_core.quant.recipe import RECIPES, convert_linears
+    from longlive_core.quant.w4a4 import quantization_config, w4a4_state_dict
+
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if not (root / "vae").is_dir():
+        make_vae(root / "vae", size, device)
+    if not (root / "umt5").is_dir():
+        make_text_encoder(root / "umt5", size, device)
+    print(f"encoders: {time.perf_counter() - t0:.0f}s", flush=True)
+    folder = folder_config(root, size)
+    torch.manual_seed(0)
+    cfg = dit_config(size.dit)
+    model = random_dit_on_gpu(cfg) if device == "cuda" else WanDiT(cfg)
+    dtype = torch.bfloat16 if size is FULL else torch.float32
+    model = model.to(dtype).eval()
+    if not (root / "dit").is_dir():
+        save_dit(model, root / "dit", config=as_json(folder))
+    if w4a4 and not (root / "w4a4").is_dir():
+        rules = folder.precision
+        convert_linears(model, "nvfp4", skip=rules.skip, keep_last_blocks=rules.keep_last_blocks, packed=True)
+        staging = root / "w4a4.part"
+        staging.mkdir(exist_ok=True)
+        save_file({k: v.cpu() for k, v in w4a4_state_dict(model, dtype).items()}, str(staging / W4A4_WEIGHTS),
+                  metadata={"format": "pt"})
+        write_config(dataclasses.replace(folder, format="longlive-w4a4",
+                                         precision=dataclasses.replace(rules, recipe="nvfp4"),
+                                         **quantization_config(model, RECIPES["nvfp4"])), staging)
+        staging.rename(root / "w4a4")
+    shot = size.shot_seconds
+    (root / "prompts.txt").write_text(f"{shot}\ta red kite over the beach at sunset\n"
+                                      f"{shot}\tcity street at night rain neon lights camera pans slowly\n")
+    (root / "warmup.txt").write_text(f"{4 * size.chunk / 24}\ta red kite over the beach\n")
+    print(f"made {root} in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux: /proc), so time to the first frame counts the imports too."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime"))
+    return time.time() - (boot + int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+
+
+def production_generate(overrides: dict) -> GenerateConfig:
+    section = overlaid_params(REPO / "params.yaml", REPO / "configs/production.yaml")["generate"]
+    return from_mapping(GenerateConfig, {**section, **overrides}, "generate")
+
+
+ROW_KEYS = ("model", "precision", "recipe", "kv", "steps", "frames", "denoise_fps", "end_to_end_fps", "first_frame_s",
+            "first_frame_after_prompt_s", "peak_memory_gib", "load_peak_memory_gib", "wall_s")
+
+
+def row_of(side: dict, model: str, precision: str, **more) -> dict:
+    gib = 2 ** 30
+    row = {"model": model, "precision": precision, "recipe": side["recipe"], "kv": side["kv"],
+           "steps": len(side["steps"]) - 1, "frames": side["frames"], "denoise_fps": side["denoise_fps"],
+           "end_to_end_fps": side["end_to_end_fps"], "first_frame_s": side["first_frame_s"],
+           "first_frame_after_prompt_s": side["first_frame_after_prompt_s"],
+           "peak_memory_gib": side["peak_memory_bytes"] / gib,
+           "load_peak_memory_gib": (side["load_peak_memory_bytes"] or 0) / gib, "wall_s": side["wall_s"],
+           "vae_dtype": side["vae_dtype"], "decode": side["decode"], "window": side["window"], **more}
+    return row
+
+
+def run(root: Path, model: str, precision: str, rows: list[tuple[str, int]], device: str, tiny: bool,
+        out: Path | None) -> list[dict]:
+    folder = root / model
+    base = {"device": device, "precision": precision, **({"compile": False} if tiny else {})}
+    results = []
+    started = time.perf_counter() - process_age()  # perf_counter's reading at the process's start
+    kv0, steps0 = rows[0]
+    call = time.perf_counter()
+    side = generate_file(folder, root / "warmup.txt", root / "warmup.mp4", production_generate({**base, "kv": kv0}),
+                         steps0)
+    results.append(row_of(side, model, precision, warmup=True,
+                          first_frame_from_process_s=call - started + side["first_frame_s"]))
+    report(results[-1], out)
+    for kv, steps in rows:
+        side = generate_file(folder, root / "prompts.txt", root / f"{model}-{precision}-{kv}-{steps}.mp4",
+                             production_generate({**base, "kv": kv}), steps)
+        results.append(row_of(side, model, precision))
+        report(results[-1], out)
+    return results
+
+
+def report(row: dict, out: Path | None) -> None:
+    print(" | ".join(f"{k} {row[k]:.2f}" if isinstance(row[k], float) else f"{k} {row[k]}" for k in ROW_KEYS)
+          + (f" | warm-up, first frame {row['first_frame_from_process_s']:.1f}s from the process's start"
+             if row.get("warmup") else ""), flush=True)
+    if out is not None:
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=("make", "run"))
+    ap.add_argument("root", type=Path)
+    ap.add_argument("--tiny", action="store_true", help="the tiny models on the CPU: the code path, anywhere")
+    ap.add_argument("--w4a4", action="store_true", help="make: also the W4A4 folder")
+    ap.add_argument("--model", default="dit", choices=("dit", "w4a4"))
+    ap.add_argument("--precision", default="auto", help="bf16 | fp8 | nvfp4 | auto (the folder's own)")
+    ap.add_argument("--rows", default="bf16:4", help="KV:STEPS,...: the KV cache's format and the step count")
+    ap.add_argument("--json", type=Path, help="append each row as a JSON line")
+    args = ap.parse_args(argv)
+    size = TINY if args.tiny else FULL
+    device = "cpu" if args.tiny else "cuda"
+    if args.action == "make":
+        make(args.root, size, device, args.w4a4)
+        return
+    rows = [(kv, int(steps)) for kv, _, steps in (r.partition(":") for r in args.rows.split(","))]
+    if device == "cuda":
+        print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    run(args.root, args.model, args.precision, rows, device, args.tiny, args.json)
+
+
+if __name__ == "__main__":
+    main()
