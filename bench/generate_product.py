@@ -1,4 +1,4 @@
-"""``longlive generate`` as users run it: ``generate_file`` (the command's own code) with production's
+"""``longlive generate`` as users run it: its ``Generator`` (the command's own code) with production's
 ``generate`` settings (configs/production.yaml over params.yaml: compile, async decode, the VAE in
 bf16) on full-size model folders of random weights.
 
@@ -18,11 +18,12 @@ whatever the words); ``prompts.txt``, two shots of 10 s (480 frames). The folder
 encoders' digests, as train_ar's do, and the user's digest memo is filled here, as any run after a
 user's first finds it.
 
-``run`` loads one folder per process (one weight precision), generates a one-chunk warm-up (its time
-to the first frame counts from the process's start: imports, loading, umT5, compiling), then each
-row ``KV:STEPS`` on the two-shot prompt file, and prints and appends to ``--json`` what the sidecar
-says: the denoise loop's and end-to-end FPS (decode and H.264 included), time to the first frame
-from the call and from the embedded prompts, peak memory while loading and while generating.
+``run`` loads one folder per process (one weight precision, as ``evaluate`` loads it for a suite),
+generates a one-chunk warm-up (its time to the first frame counts from the process's start: imports,
+loading, umT5, compiling), then each row ``KV:STEPS`` on the two-shot prompt file, and prints and
+appends to ``--json`` what the sidecar says: the denoise loop's and end-to-end FPS (decode and H.264
+included), the load's time, time to the first frame from the video's call and from its embedded
+prompts, peak memory until the prompts are embedded and while generating.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from longlive_core.config import from_mapping  # noqa: E402
 from longlive_core.infer.engine import GenerateConfig  # noqa: E402
-from longlive_core.infer.generate import generate_file  # noqa: E402
+from longlive_core.infer.generate import Generator  # noqa: E402
 from longlive_core.models.encoders import user_memo  # noqa: E402
 from longlive_core.models.folder import (  # noqa: E402
     DiTFolder,
@@ -195,15 +196,15 @@ def production_generate(overrides: dict) -> GenerateConfig:
     return from_mapping(GenerateConfig, {**section, **overrides}, "generate")
 
 
-ROW_KEYS = ("model", "precision", "recipe", "kv", "steps", "frames", "denoise_fps", "end_to_end_fps", "first_frame_s",
-            "first_frame_after_prompt_s", "peak_memory_gib", "load_peak_memory_gib", "wall_s")
+ROW_KEYS = ("model", "precision", "recipe", "kv", "steps", "frames", "denoise_fps", "end_to_end_fps", "load_s",
+            "first_frame_s", "first_frame_after_prompt_s", "peak_memory_gib", "load_peak_memory_gib", "wall_s")
 
 
 def row_of(side: dict, model: str, precision: str, **more) -> dict:
     gib = 2 ** 30
     row = {"model": model, "precision": precision, "recipe": side["recipe"], "kv": side["kv"],
            "steps": len(side["steps"]) - 1, "frames": side["frames"], "denoise_fps": side["denoise_fps"],
-           "end_to_end_fps": side["end_to_end_fps"], "first_frame_s": side["first_frame_s"],
+           "end_to_end_fps": side["end_to_end_fps"], "load_s": side["load_s"], "first_frame_s": side["first_frame_s"],
            "first_frame_after_prompt_s": side["first_frame_after_prompt_s"],
            "peak_memory_gib": side["peak_memory_bytes"] / gib,
            "load_peak_memory_gib": (side["load_peak_memory_bytes"] or 0) / gib, "wall_s": side["wall_s"],
@@ -213,22 +214,24 @@ def row_of(side: dict, model: str, precision: str, **more) -> dict:
 
 def run(root: Path, model: str, precision: str, rows: list[tuple[str, int]], device: str, tiny: bool,
         out: Path | None) -> list[dict]:
-    folder = root / model
     base = {"device": device, "precision": precision, **({"compile": False} if tiny else {})}
-    results = []
     started = time.perf_counter() - process_age()  # perf_counter's reading at the process's start
-    kv0, steps0 = rows[0]
-    call = time.perf_counter()
-    side = generate_file(folder, root / "warmup.txt", root / "warmup.mp4", production_generate({**base, "kv": kv0}),
-                         steps0)
-    results.append(row_of(side, model, precision, warmup=True,
-                          first_frame_from_process_s=call - started + side["first_frame_s"]))
-    report(results[-1], out)
-    for kv, steps in rows:
-        side = generate_file(folder, root / "prompts.txt", root / f"{model}-{precision}-{kv}-{steps}.mp4",
-                             production_generate({**base, "kv": kv}), steps)
-        results.append(row_of(side, model, precision))
+    first: list[float] = []
+
+    def stamp(_rgb) -> None:
+        if not first:
+            first.append(time.perf_counter())
+
+    results = []
+    with Generator(root / model, production_generate({**base, "kv": rows[0][0]})) as generator:
+        side = generator.generate(root / "warmup.txt", root / "warmup.mp4", rows[0][1], on_frame=stamp)
+        results.append(row_of(side, model, precision, warmup=True, first_frame_from_process_s=first[0] - started))
         report(results[-1], out)
+        for kv, steps in rows:
+            side = generator.generate(root / "prompts.txt", root / f"{model}-{precision}-{kv}-{steps}.mp4", steps,
+                                      production_generate({**base, "kv": kv}))
+            results.append(row_of(side, model, precision))
+            report(results[-1], out)
     return results
 
 

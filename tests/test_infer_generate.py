@@ -5,6 +5,7 @@ import ctypes
 import hashlib
 import json
 import statistics
+import weakref
 from pathlib import Path
 
 import av
@@ -13,10 +14,11 @@ import pytest
 import torch
 
 from longlive_core.cli import main as longlive
-from longlive_core.config import from_mapping
+from longlive_core.config import ConfigError, from_mapping
 from longlive_core.infer.decode import FrameStream, ShotDecoder
 from longlive_core.infer.engine import GenerateConfig, generate
-from longlive_core.infer.generate import generate_file
+from longlive_core.infer import generate as generate_module
+from longlive_core.infer.generate import Generator, generate_file
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import parse_prompts, plan_shots
 from longlive_core.infer.rollout import teacher_schedule
@@ -109,7 +111,7 @@ def test_two_shots_with_durations_give_their_frames_and_a_sidecar(model_dir, tmp
     assert side["denoise_fps"] > 0 and side["end_to_end_fps"] > 0 and side["peak_memory_bytes"] > 0
     assert side["recipe"] == "bf16" and side["kv_bytes_per_token"] > 0
     # the first frame comes after the prompts are embedded, and both after the call began
-    assert 0 < side["first_frame_after_prompt_s"] < side["first_frame_s"] < side["wall_s"]
+    assert 0 < side["first_frame_after_prompt_s"] < side["first_frame_s"] < side["wall_s"] and side["load_s"] > 0
     assert side["load_peak_memory_bytes"] is None  # a GPU's alone: the CPU's peak is the process's RSS
     assert side["steps"] == list(teacher_schedule(4, 5.0)) and side["window"] == 6  # what ran, and from where
     assert side["sampling_from"]["window"] == PARAMS and "ar_steps 4" in side["sampling_from"]["steps"]
@@ -127,6 +129,37 @@ def test_same_seed_same_frames_and_async_decoding_equals_sync(model_dir, tmp_pat
     assert len(videos["a"]) == 26
     assert videos["a"] == videos["b"] == videos["sync"]
     assert all(x != y for x, y in zip(videos["seed"], videos["a"]))
+
+
+def test_one_generator_makes_many_videos_on_one_load_as_generate_file_makes_each(model_dir, tmp_path, monkeypatch):
+    """evaluate's suite and the product bench load a model folder once for many videos: each video's
+    frames are generate_file's; the KV cache and the steps may change per video, the precision may not;
+    closed, the generator lets the model go."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(TWO_SHOTS)
+
+    def hashes(into: list):
+        return lambda rgb: into.append(hashlib.sha256(rgb).hexdigest())
+
+    alone: list[str] = []
+    generate_file(model_dir, prompts, tmp_path / "alone.mp4", config(), on_frame=hashes(alone))
+    loads = []
+    real = generate_module.prepare_model
+    monkeypatch.setattr(generate_module, "prepare_model", lambda *a: loads.append(a) or real(*a))
+    videos: list[list[str]] = [[], []]
+    with Generator(model_dir, config()) as generator:
+        for i, video in enumerate(videos):
+            side = generator.generate(prompts, tmp_path / f"{i}.mp4", on_frame=hashes(video))
+        other = generator.generate(prompts, tmp_path / "kv.mp4", 2, config(kv="nvfp4"))
+        with pytest.raises(ConfigError, match="precision is 'fp8' for this video"):
+            generator.generate(prompts, tmp_path / "fp8.mp4", cfg=config(precision="fp8"))
+        model = weakref.ref(generator.model)
+    assert len(loads) == 1 and videos[0] == videos[1] == alone
+    assert side["load_s"] > 0 and side["first_frame_s"] < side["wall_s"]
+    assert other["kv"] == "nvfp4" and len(other["steps"]) == 3
+    assert model() is None and not (tmp_path / "fp8.mp4").exists()
+    with pytest.raises(RuntimeError, match="closed"):
+        generator.generate(prompts, tmp_path / "late.mp4")
 
 
 def test_the_vae_decodes_in_bfloat16_close_to_float32(model_dir, tmp_path):

@@ -117,7 +117,7 @@ def evaluate_suite(model_dir: Path, cfg: EvaluateConfig, generate: GenerateConfi
     from longlive_core.evaluate.config import VERDICT_METRICS
     from longlive_core.evaluate.vbench_run import run_vbench
     from longlive_core.evaluate.weighted import build_metrics
-    from longlive_core.infer.generate import generate_file
+    from longlive_core.infer.generate import Generator
     from longlive_core.io.atomic import write_bytes
 
     weighted, fvd, skipped = build_metrics(cfg.weights, device)
@@ -127,19 +127,19 @@ def evaluate_suite(model_dir: Path, cfg: EvaluateConfig, generate: GenerateConfi
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
     videos, ran = {}, {}
-    for name, text in sorted(cfg.suite.items()):
-        prompts = out.videos / f"{name}.txt"
-        write_bytes(text.encode("utf-8"), prompts)
-        video, sheet = out.videos / f"{name}.mp4", out.sheets / f"{name}.png"
-        side = generate_file(model_dir, prompts, video, generate, cfg.steps)
-        ran = {k: side[k] for k in ("steps", "window", "global_sink", "shot_sink")}  # the same for every video
-        videos[name] = score_video(video, side, cfg, shots, sheet, weighted, fvd)
-        log.info("%s: %d frames, flickering %.4f, consistency %.4f, motion %.3f px/frame, shot switches %d/%d "
-                 "asked (%d unasked)", name, side["frames"], videos[name]["temporal_flickering"],
-                 videos[name]["within_shot_consistency"], videos[name]["motion"], videos[name]["shot_switch"]["hits"],
-                 len(videos[name]["shot_switch"]["asked"]), videos[name]["shot_switch"]["unasked"])
-        if out.on_video is not None:
-            out.on_video(name, video, sheet, videos[name])
+    with Generator(model_dir, generate) as generator:  # loaded once for the suite; let go before the metrics below
+        for name, text in sorted(cfg.suite.items()):
+            prompts = out.videos / f"{name}.txt"
+            write_bytes(text.encode("utf-8"), prompts)
+            video, sheet = out.videos / f"{name}.mp4", out.sheets / f"{name}.png"
+            side = generator.generate(prompts, video, cfg.steps)
+            ran = {k: side[k] for k in ("steps", "window", "global_sink", "shot_sink")}  # the same for every video
+            videos[name] = v = score_video(video, side, cfg, shots, sheet, weighted, fvd)
+            log.info("%s: %d frames, flickering %.4f, consistency %.4f, motion %.3f px/frame, shot switches %d/%d "
+                     "asked (%d unasked)", name, side["frames"], v["temporal_flickering"], v["within_shot_consistency"],
+                     v["motion"], v["shot_switch"]["hits"], len(v["shot_switch"]["asked"]), v["shot_switch"]["unasked"])
+            if out.on_video is not None:
+                out.on_video(name, video, sheet, videos[name])
     aggregate = {m: sum(v[m] for v in videos.values()) / len(videos)
                  for m in (*VERDICT_METRICS, "motion", *(metric.name for metric in weighted))}
     vbench = run_vbench(cfg.vbench, [out.videos / f"{name}.mp4" for name in sorted(videos)])

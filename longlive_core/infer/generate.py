@@ -44,10 +44,9 @@ from longlive_core.infer.prompts import PromptFileError, ShotPlan, parse_prompts
 from longlive_core.infer.sampling import RunSampling, run_sampling
 from longlive_core.io.atomic import atomic_path, write_json
 from longlive_core.models.encoders import check_encoders
-from longlive_core.models.folder import DiTFolder, read_dit_folder
+from longlive_core.models.folder import read_dit_folder
 from longlive_core.models.text import text_encoder_from
 from longlive_core.models.vae import vae_from
-from longlive_core.models.wan_dit import WanDiT
 from longlive_core.models.weights import CheckpointError
 from longlive_core.progress import Progress, setup_logging
 from longlive_core.quant.recipe import convert_linears, convert_linears_fp8
@@ -77,138 +76,191 @@ def prepare_model(directory: Path, precision: str, device: torch.device):
     return model, config, "bf16"
 
 
+MODEL_SETTINGS = ("precision", "compile", "device", "vae_device", "vae_dtype")  # what loading the model depends on
+
+
 @dataclasses.dataclass
 class Generation:
-    """A prompt file's generation set up on a model folder: ``run(stream=..., on_chunk=...)`` runs
+    """A prompt file's generation set up on a loaded model: ``run(stream=..., on_chunk=...)`` runs
     ``engine.generate`` on it (every rank of ``shard`` calls it; rank 0's stream gets the chunks)."""
-    device: torch.device
-    model: WanDiT
-    config: DiTFolder
-    recipe: str
     plan: list[ShotPlan]
     sampling: RunSampling
-    encoders: dict[str, str]  # role -> the path the VAE and the text encoder load from (checked)
     run: Callable[..., EngineStats]
     encoded_at: float  # perf_counter once the prompts are embedded: what time to first frame counts from
 
 
-def prepare_generation(model_dir: Path, prompts: Path, cfg: GenerateConfig, steps: int | None = None,
-                       shard: SequenceShard = WHOLE) -> Generation:
-    """The model, the shots planned from ``prompts``, their texts embedded and the KV cache, ready to run."""
-    if not prompts.is_file():
-        raise PromptFileError(f"{prompts} not found: give a prompt file, one line per shot")
-    device = pick_device(cfg.device, "generate.device")
-    folder = read_dit_folder(model_dir)
-    sampling = run_sampling(folder, cfg, steps)
-    encoders = check_encoders(folder, model_dir)  # the ones the model was made with, before anything loads
-    model, config, recipe = prepare_model(model_dir, cfg.precision, device)
-    if model.cfg.num_heads % shard.size:
-        raise ConfigError(f"--sp {shard.size}: the model's {model.cfg.num_heads} attention heads do not split over "
-                          f"{shard.size} ranks")
-    dtype = model.patch_embedding.weight.dtype
-    if cfg.compile:
-        for block in model.blocks:
-            block.compile()
-    latent = config.latent
-    chunk = latent.chunk_frames
-    segments = parse_prompts(prompts.read_text(encoding="utf-8"), cfg.default_duration_s, str(prompts))
-    plan = plan_shots(segments, config.video.fps, chunk, latent.temporal_stride)
+class Generator:
+    """A model folder loaded once, its DiT converted to ``cfg.precision`` and compiled where asked, the
+    VAE on rank 0, for any number of prompt files (evaluate's suite, a benchmark's rows). Loading it
+    again for every video costs seconds each time, and with compiled blocks on torch 2.11 (CUDA) every
+    load left the previous DiT on the GPU: 9 GiB more for each video (bench/RESULTS.md). ``close``
+    (or leaving a ``with`` block) lets it go, and the compiled code with it. umT5 is loaded for each
+    prompt file and gone before the DiT runs (11 GB in bf16)."""
 
-    encoder = text_encoder_from(encoders["text_encoder"], config.text_encoder.max_length, device)
-    embedded = encoder.encode([s.prompt for s in segments])
-    encoded_at = time.perf_counter()
-    del encoder  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
-    texts = [embedded[i:i + 1] for i in range(len(segments))]
-    _, ph, pw = model.cfg.patch_size
-    h, w = latent.height, latent.width
-    cache = cfg.cache(model, (h // ph) * (w // pw), sampling.rollout)
-    run = functools.partial(generate, model, plan, texts, cache, sampling.rollout.steps,
-                            latent_shape=(latent.channels, h, w), dtype=dtype, seed=cfg.seed,
-                            shot_offset=config.multi_shot.shot_rope_offset, shard=shard)
-    return Generation(device, model, config, recipe, plan, sampling, encoders, run, encoded_at)
+    def __init__(self, model_dir: str | Path, cfg: GenerateConfig, shard: SequenceShard = WHOLE):
+        start = time.perf_counter()
+        self.model_dir, self.cfg, self.shard = Path(model_dir), cfg, shard
+        self.device = pick_device(cfg.device, "generate.device")
+        self.folder = read_dit_folder(self.model_dir)
+        run_sampling(self.folder, cfg, None)  # the folder's sampling under these settings: refused before loading
+        self.encoders = check_encoders(self.folder, self.model_dir)  # the ones it was made with, before loading
+        self.model, self.config, self.recipe = prepare_model(self.model_dir, cfg.precision, self.device)
+        if self.model.cfg.num_heads % shard.size:
+            raise ConfigError(f"--sp {shard.size}: the model's {self.model.cfg.num_heads} attention heads do not "
+                              f"split over {shard.size} ranks")
+        if cfg.compile:
+            for block in self.model.blocks:
+                block.compile()
+        self.decoder = (vae_decoder(self.encoders["vae"], vae_device(cfg.vae_device, self.device), cfg.vae_dtype)
+                        if shard.rank == 0 else None)  # the other ranks compute their share of the DiT alone
+        self.load_s = time.perf_counter() - start
+
+    def __enter__(self) -> Generator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.model = self.decoder = None
+        if self.cfg.compile:  # Dynamo's caches hold the compiled blocks' code, and with it what it was traced on
+            torch._dynamo.reset()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def settings(self, cfg: GenerateConfig | None) -> GenerateConfig:
+        """``cfg`` for one video (sampling, KV cache, seed, decoding), or the generator's own; the settings
+        the loaded model depends on must be the generator's."""
+        if cfg is None:
+            return self.cfg
+        differ = [k for k in MODEL_SETTINGS if getattr(cfg, k) != getattr(self.cfg, k)]
+        if differ:
+            raise ConfigError(f"generate.{differ[0]} is {getattr(cfg, differ[0])!r} for this video but the model was "
+                              f"loaded with {getattr(self.cfg, differ[0])!r}: load another Generator for it")
+        return cfg
+
+    def prepare(self, prompts: Path, steps: int | None = None, cfg: GenerateConfig | None = None) -> Generation:
+        """The shots planned from ``prompts``, their texts embedded and the KV cache, ready to run."""
+        if self.model is None:
+            raise RuntimeError("this Generator was closed")
+        if not prompts.is_file():
+            raise PromptFileError(f"{prompts} not found: give a prompt file, one line per shot")
+        cfg = self.settings(cfg)
+        config, model = self.config, self.model
+        sampling = run_sampling(self.folder, cfg, steps)
+        latent = config.latent
+        segments = parse_prompts(prompts.read_text(encoding="utf-8"), cfg.default_duration_s, str(prompts))
+        plan = plan_shots(segments, config.video.fps, latent.chunk_frames, latent.temporal_stride)
+        encoder = text_encoder_from(self.encoders["text_encoder"], config.text_encoder.max_length, self.device)
+        embedded = encoder.encode([s.prompt for s in segments])
+        encoded_at = time.perf_counter()
+        del encoder  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
+        texts = [embedded[i:i + 1] for i in range(len(segments))]
+        _, ph, pw = model.cfg.patch_size
+        h, w = latent.height, latent.width
+        cache = cfg.cache(model, (h // ph) * (w // pw), sampling.rollout)
+        run = functools.partial(generate, model, plan, texts, cache, sampling.rollout.steps,
+                                latent_shape=(latent.channels, h, w), dtype=model.patch_embedding.weight.dtype,
+                                seed=cfg.seed, shot_offset=config.multi_shot.shot_rope_offset, shard=self.shard)
+        return Generation(plan, sampling, run, encoded_at)
+
+    def generate(self, prompts: str | Path, out: str | Path, steps: int | None = None,
+                 cfg: GenerateConfig | None = None, on_frame: Callable[[np.ndarray], None] | None = None
+                 ) -> dict | None:
+        """Generates ``out`` (mp4) and ``out``.json; returns the sidecar's contents. ``on_frame`` sees
+        every (H, W, 3) uint8 frame as it goes into the file (x264's bytes are not reproducible bit for
+        bit from run to run; the frames are). Under sequence parallelism every rank calls this; rank 0
+        alone decodes and writes (the others return None)."""
+        wall = time.perf_counter()
+        prompts, out, cfg = Path(prompts), Path(out), self.settings(cfg)
+        device, model, config, shard, decoder = self.device, self.model, self.config, self.shard, self.decoder
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        g = self.prepare(prompts, steps, cfg)
+        plan, run, sampling = g.plan, g.run, g.sampling.rollout
+        video, chunk = config.video, config.latent.chunk_frames
+        if shard.rank != 0:  # the DiT's share of every chunk; rank 0 decodes and writes
+            run(stream=None)
+            return None
+        load_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        total_chunks = sum(sum(shot.chunks) for shot in plan)
+        progress = Progress(log, "generate", total_chunks, unit="chunks")
+        fps = Fraction(video.fps).limit_denominator(1001000)
+        log.info("%s: %d shot(s), %d chunk(s) of %d latent frames, %d frames at %dx%d, %s weights, %s KV cache, "
+                 "%d steps, window %s, sinks %d + %d (sampling from: %s), seed %d", self.model_dir, len(plan),
+                 total_chunks, chunk, sum(s.video_frames for s in plan), video.width, video.height, self.recipe,
+                 cfg.kv, len(sampling.steps) - 1, sampling.window, sampling.global_sink, sampling.shot_sink,
+                 ", ".join(f"{k} {v}" for k, v in g.sampling.source.items()), cfg.seed)
+        start = time.perf_counter()
+        with atomic_path(out) as tmp, VideoWriter(tmp, fps, video.width, video.height,
+                                                     threads=0) as writer:
+            first_frame: list[float] = []
+
+            def write(rgb: np.ndarray) -> None:
+                if not first_frame:
+                    first_frame.append(time.perf_counter())
+                writer.write(rgb)
+                if on_frame is not None:
+                    on_frame(rgb)
+
+            stream = FrameStream(decoder, write, asynchronous=cfg.decode == "async")
+            try:
+                stats = run(stream=stream, on_chunk=lambda _: progress.advance())
+            finally:
+                stream.close()
+        elapsed = time.perf_counter() - start
+        expected = sum(shot.video_frames for shot in plan)
+        if stream.frames != expected:
+            raise RuntimeError(f"decoded {stream.frames} frames where the plan makes {expected}")
+        # K and V, every layer, 2 bytes each; a sequence-parallel rank caches a P-th of the heads
+        bf16_per_token = 2 * len(model.blocks) * model.cfg.dim * 2 // shard.size
+        sidecar = {
+            "video": out.name, "frames": stream.frames, "fps": float(fps), "width": video.width,
+            "height": video.height, "seconds": stream.frames / float(fps),
+            "shots": [{"index": s.index, "latent_frames": s.latent_frames, "video_frames": s.video_frames,
+                       "prompts": [seg.prompt for seg in s.segments], "lines": [seg.line for seg in s.segments]}
+                      for s in plan],
+            "seed": cfg.seed, "steps": list(sampling.steps), "model": str(self.model_dir),
+            "model_format": config.format, "recipe": self.recipe, "kv": cfg.kv, "decode": cfg.decode,
+            "device": str(device), "sp": shard.size, "vae_device": str(decoder.device),
+            "vae_dtype": str(decoder.dtype).removeprefix("torch."),
+            "window": sampling.window, "global_sink": sampling.global_sink, "shot_sink": sampling.shot_sink,
+            "sampling_from": g.sampling.source,
+            "denoise_s": stats.denoise_s, "decode_s": stream.decode_s, "generate_s": elapsed,
+            "load_s": self.load_s,  # the model and the VAE, once per Generator (compiling happens in the first chunk)
+            "wall_s": time.perf_counter() - wall,  # this video: its prompts embedded, the cache, every chunk
+            # time to the first frame handed to the encoder: from this video's call (compiling included in a
+            # Generator's first), and from its prompts embedded
+            "first_frame_s": first_frame[0] - wall, "first_frame_after_prompt_s": first_frame[0] - g.encoded_at,
+            "denoise_fps": stream.frames / stats.denoise_s if stats.denoise_s else None,
+            "end_to_end_fps": stream.frames / elapsed,
+            "peak_memory_bytes": (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                                  else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
+            "peak_memory_kind": "cuda max allocated" if device.type == "cuda" else "process max RSS",
+            "load_peak_memory_bytes": load_peak,  # cuda: until the prompts are embedded (the DiT, VAE and umT5)
+            "kv_bytes_per_token": stats.kv_bytes_per_token, "kv_bytes_per_token_bf16": bf16_per_token,  # per rank
+        }
+        write_json(sidecar, out.with_name(out.name + ".json"))
+        log.info("%s: %d frames, denoise loop %.1f FPS, end to end %.1f FPS, decode %.1fs, peak memory %.2f GiB",
+                 out, stream.frames, sidecar["denoise_fps"] or 0.0, sidecar["end_to_end_fps"], stream.decode_s,
+                 sidecar["peak_memory_bytes"] / 2**30)
+        return sidecar
 
 
 def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, cfg: GenerateConfig,
                   steps: int | None = None, on_frame: Callable[[np.ndarray], None] | None = None,
                   shard: SequenceShard = WHOLE) -> dict | None:
-    """Generates ``out`` (mp4) and ``out``.json; returns the sidecar's contents. ``on_frame`` sees
-    every (H, W, 3) uint8 frame as it goes into the file (x264's bytes are not reproducible bit for
-    bit from run to run; the frames are). Under sequence parallelism every rank calls this; rank 0
-    alone loads the VAE and writes (the others return None)."""
-    wall = time.perf_counter()
-    model_dir, prompts, out = Path(model_dir), Path(prompts), Path(out)
-    g = prepare_generation(model_dir, prompts, cfg, steps, shard)
-    device, model, config, recipe, plan, run = g.device, g.model, g.config, g.recipe, g.plan, g.run
-    sampling = g.sampling.rollout
-    video, chunk = config.video, config.latent.chunk_frames
-    if shard.rank != 0:  # the DiT's share of every chunk; rank 0 decodes and writes
-        run(stream=None)
-        return None
-    decoder = vae_decoder(g.encoders["vae"], vae_device(cfg.vae_device, device), cfg.vae_dtype)
-    load_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    total_chunks = sum(sum(shot.chunks) for shot in plan)
-    progress = Progress(log, "generate", total_chunks, unit="chunks")
-    fps = Fraction(video.fps).limit_denominator(1001000)
-    log.info("%s: %d shot(s), %d chunk(s) of %d latent frames, %d frames at %dx%d, %s weights, %s KV cache, "
-             "%d steps, window %s, sinks %d + %d (sampling from: %s), seed %d", model_dir, len(plan), total_chunks,
-             chunk, sum(s.video_frames for s in plan), video.width, video.height, recipe, cfg.kv,
-             len(sampling.steps) - 1, sampling.window, sampling.global_sink, sampling.shot_sink,
-             ", ".join(f"{k} {v}" for k, v in g.sampling.source.items()), cfg.seed)
-    start = time.perf_counter()
-    with atomic_path(out) as tmp, VideoWriter(tmp, fps, video.width, video.height,
-                                                 threads=0) as writer:
-        first_frame: list[float] = []
-
-        def write(rgb: np.ndarray) -> None:
-            if not first_frame:
-                first_frame.append(time.perf_counter())
-            writer.write(rgb)
-            if on_frame is not None:
-                on_frame(rgb)
-
-        stream = FrameStream(decoder, write, asynchronous=cfg.decode == "async")
-        try:
-            stats = run(stream=stream, on_chunk=lambda _: progress.advance())
-        finally:
-            stream.close()
-    elapsed = time.perf_counter() - start
-    expected = sum(shot.video_frames for shot in plan)
-    if stream.frames != expected:
-        raise RuntimeError(f"decoded {stream.frames} frames where the plan makes {expected}")
-    # K and V, every layer, 2 bytes each; a sequence-parallel rank caches a P-th of the heads
-    bf16_per_token = 2 * len(model.blocks) * model.cfg.dim * 2 // shard.size
-    sidecar = {
-        "video": out.name, "frames": stream.frames, "fps": float(fps), "width": video.width,
-        "height": video.height, "seconds": stream.frames / float(fps),
-        "shots": [{"index": s.index, "latent_frames": s.latent_frames, "video_frames": s.video_frames,
-                   "prompts": [seg.prompt for seg in s.segments], "lines": [seg.line for seg in s.segments]}
-                  for s in plan],
-        "seed": cfg.seed, "steps": list(sampling.steps), "model": str(model_dir), "model_format": config.format,
-        "recipe": recipe, "kv": cfg.kv, "decode": cfg.decode, "device": str(device), "sp": shard.size,
-        "vae_device": str(decoder.device), "vae_dtype": str(decoder.dtype).removeprefix("torch."),
-        "window": sampling.window, "global_sink": sampling.global_sink, "shot_sink": sampling.shot_sink,
-        "sampling_from": g.sampling.source,
-        "denoise_s": stats.denoise_s, "decode_s": stream.decode_s, "generate_s": elapsed,
-        "wall_s": time.perf_counter() - wall,
-        # time to the first frame handed to the encoder: from this call (loading and compiling included), and
-        # from the prompts embedded
-        "first_frame_s": first_frame[0] - wall, "first_frame_after_prompt_s": first_frame[0] - g.encoded_at,
-        "denoise_fps": stream.frames / stats.denoise_s if stats.denoise_s else None,
-        "end_to_end_fps": stream.frames / elapsed,
-        "peak_memory_bytes": (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-                              else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
-        "peak_memory_kind": "cuda max allocated" if device.type == "cuda" else "process max RSS",
-        "load_peak_memory_bytes": load_peak,  # cuda: while loading (the DiT and umT5 on the GPU together)
-        "kv_bytes_per_token": stats.kv_bytes_per_token, "kv_bytes_per_token_bf16": bf16_per_token,  # per rank
-    }
-    write_json(sidecar, out.with_name(out.name + ".json"))
-    log.info("%s: %d frames, denoise loop %.1f FPS, end to end %.1f FPS, decode %.1fs, peak memory %.2f GiB",
-             out, stream.frames, sidecar["denoise_fps"] or 0.0, sidecar["end_to_end_fps"], stream.decode_s,
-             sidecar["peak_memory_bytes"] / 2**30)
-    return sidecar
+    """One video: ``Generator.generate`` on a model loaded for it (the prompt file checked first)."""
+    if not Path(prompts).is_file():
+        raise PromptFileError(f"{prompts} not found: give a prompt file, one line per shot")
+    # what would fail once the model is loaded fails before it: --steps the folder cannot run, a bad prompt line
+    run_sampling(read_dit_folder(Path(model_dir)), cfg, steps)
+    parse_prompts(Path(prompts).read_text(encoding="utf-8"), cfg.default_duration_s, str(prompts))
+    with Generator(model_dir, cfg, shard) as generator:
+        return generator.generate(prompts, out, steps, on_frame=on_frame)
 
 
 def vae_decoder(path: str, device: torch.device, dtype_name: str) -> ShotDecoder:

@@ -4,7 +4,7 @@ every chunk hands to the frame stream, sharded over the ranks and in one process
     torchrun --nproc_per_node=P -m tests.helpers.generate_worker SPEC.json OUT_DIR
 
 SPEC.json holds {"runs": [{"name", "model", "prompts", "generate": {...}}, ...]}. Every rank runs the
-prompt file as ``generate_file`` sets it up, with the SequenceShard of the P ranks; then rank 0 alone
+prompt file as ``Generator.prepare`` sets it up, with the SequenceShard of the P ranks; then rank 0 alone
 runs it again unsharded while the others wait. Rank 0 writes OUT_DIR/<name>/latents.safetensors
 ("sp<P>" and "sp1": each chunk's x0 as the stream got it, stacked, (chunks, C, F_c, h, w) float32) and
 stats.json (each run's chunks, shot starts and KV bytes per token).
@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from longlive_core.config import from_mapping
 from longlive_core.distributed.ulysses import WHOLE, SequenceShard
 from longlive_core.infer.engine import GenerateConfig
-from longlive_core.infer.generate import prepare_generation
+from longlive_core.infer.generate import Generator
 from tests.helpers.worker import main_over_runs
 
 
@@ -39,9 +39,10 @@ class LatentRecorder:
 
 def record(spec: dict, shard: SequenceShard) -> tuple[torch.Tensor, dict] | None:
     cfg = from_mapping(GenerateConfig, spec["generate"], "generate")
-    run = prepare_generation(Path(spec["model"]), Path(spec["prompts"]), cfg, shard=shard).run
-    recorder = LatentRecorder() if shard.rank == 0 else None
-    stats = run(stream=recorder)
+    with Generator(Path(spec["model"]), cfg, shard) as generator:
+        run = generator.prepare(Path(spec["prompts"])).run
+        recorder = LatentRecorder() if shard.rank == 0 else None
+        stats = run(stream=recorder)
     if recorder is None:
         return None
     return torch.stack(recorder.chunks), {"chunks": stats.chunks, "new_shots": recorder.new_shots,

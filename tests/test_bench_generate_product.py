@@ -1,0 +1,34 @@
+"""bench/generate_product.py's code path on the CPU with its tiny models: the folders it makes load
+through the product's own checks, and every row reports what bench/RESULTS.md quotes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from longlive_core.models.folder import read_dit_folder
+
+from .conftest import REPO
+
+
+@pytest.mark.slow
+def test_the_product_bench_makes_its_folders_and_reports_each_row(tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    bench = [sys.executable, str(REPO / "bench/generate_product.py")]
+    root, rows = tmp_path / "root", tmp_path / "rows.jsonl"
+    subprocess.run([*bench, "make", str(root), "--tiny", "--w4a4"], check=True, env=env, cwd=tmp_path,
+                   capture_output=True)
+    dit, w4a4 = read_dit_folder(root / "dit"), read_dit_folder(root / "w4a4")
+    assert (dit.format, w4a4.format) == ("longlive-dit", "longlive-w4a4") and dit.vae.sha256 == w4a4.vae.sha256
+    assert (dit.sampling.window, dit.sampling.global_sink) == (6, 2)  # the tiny stand-in for 32 with sinks 8 + 8
+    assert (tmp_path / "cache/longlive/weights_sha256.json").is_file()  # a user's later runs read no weights again
+    subprocess.run([*bench, "run", str(root), "--tiny", "--model", "w4a4", "--rows", "nvfp4:4,bf16:2", "--json",
+                    str(rows)], check=True, env=env, cwd=tmp_path, capture_output=True)
+    got = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert [(r["kv"], r["steps"], r.get("warmup", False)) for r in got] == [("nvfp4", 4, True), ("nvfp4", 4, False),
+                                                                             ("bf16", 2, False)]
+    assert {r["recipe"] for r in got} == {"nvfp4"} and got[1]["frames"] == got[2]["frames"] > got[0]["frames"]
+    assert got[0]["first_frame_from_process_s"] > got[0]["load_s"] > 0
+    assert all(r["end_to_end_fps"] > 0 and r["first_frame_after_prompt_s"] < r["first_frame_s"] for r in got)
