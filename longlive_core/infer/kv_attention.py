@@ -1,0 +1,160 @@
+"""Attention over an NVFP4 KV cache that reads the cache as it is stored: a Triton kernel that loads
+each tile of E2M1 codes and E4M3 block scales, dequantizes it in registers and attends (online
+softmax, as flash attention), then attends over the chunk's own keys and values in bfloat16. The
+torch path (``kv_quant.QuantizedChunk.dequantize``) writes the whole window out in bfloat16 for
+every pass of every layer: 3.56x the bytes the codes take, read back again by SDPA.
+
+A tile's values are code x block scale x (1 / the chunk's global scale) in float32, rounded once to
+bfloat16 for the tensor cores; the torch path rounds the global scale to bfloat16 first, so the two
+differ in the last bit of some values, and the kernel's are the closer to the exact dequantization.
+The codes of the cached chunks are concatenated per call (0.28x the bytes of the dequantized copy
+the torch path makes). On the CPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1)
+for the tests; generation there takes the torch path.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from longlive_core.infer.kv_quant import QuantizedChunk
+from longlive_core.quant.nvfp4 import BLOCK
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - torch's CUDA wheels bring Triton
+    triton = None
+
+BLOCK_M, BLOCK_N = 128, 64  # queries x keys per step: a 128 x 128 float32 accumulator over 8 warps
+
+
+@functools.cache
+def available() -> bool:
+    """Triton and a GPU with bfloat16 tensor cores (compute capability 8.0+)."""
+    return triton is not None and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+
+
+if triton is not None:
+    # Triton's CPU interpreter multiplies bfloat16 tiles as their raw bits and truncates its casts to
+    # bfloat16: there the operands are float32 tiles holding the bfloat16 values, rounded to nearest as
+    # the GPU's convert rounds (quant/triton_kernels.py's helpers)
+    from longlive_core.quant.triton_kernels import _HW_ROUND, _f32, _round_bf16
+
+    @triton.jit
+    def _bf16(x):
+        """A float32 tile as a tensor-core operand: bfloat16, rounded to nearest."""
+        if _HW_ROUND:
+            return x.to(tl.bfloat16)
+        return _round_bf16(x)
+
+    @triton.jit
+    def _dot(a, b):
+        if _HW_ROUND:
+            return tl.dot(a, b)
+        return tl.dot(_f32(a), _f32(b))
+
+    @triton.jit
+    def _e2m1(n):
+        """An E2M1 code (int32, 0..15) as float32: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives."""
+        e = (n >> 1) & 3
+        m = (n & 1).to(tl.float32)
+        mag = tl.where(e == 0, 0.5 * m, (2.0 + m) * (1 << e).to(tl.float32) * 0.25)
+        return tl.where((n & 8) != 0, -mag, mag)
+
+    @triton.jit
+    def _e4m3(b):
+        """An E4M3 byte (int32, 0..255; the cache's scales hold no NaN) as float32, exactly: the power
+        of two is built from its bits, not by exp2."""
+        e = (b >> 3) & 15
+        m = (b & 7).to(tl.float32)
+        power = ((e + 120) << 23).to(tl.float32, bitcast=True)  # 2^(e - 7) for e >= 1
+        mag = tl.where(e == 0, m * 0.001953125, (1.0 + m * 0.125) * power)
+        return tl.where((b & 128) != 0, -mag, mag)
+
+    @triton.jit
+    def _dequant_tile(C, S, G, offs_n, valid, sc_n, ss_n, D: tl.constexpr, BN: tl.constexpr):
+        """(BN, D) bfloat16: the tokens ``offs_n`` of one head's codes ``C`` (D/2 bytes a token, element
+        2i in the low nibble), block scales ``S`` (D/16 bytes) and per-token decode scales ``G``."""
+        offs_h = tl.arange(0, D // 2)
+        offs_s = tl.arange(0, D // 16)
+        c = tl.load(C + offs_n[:, None] * sc_n + offs_h[None, :], mask=valid[:, None], other=0).to(tl.int32)
+        s = _e4m3(tl.load(S + offs_n[:, None] * ss_n + offs_s[None, :], mask=valid[:, None], other=0).to(tl.int32))
+        s = s * tl.load(G + offs_n, mask=valid, other=0.0)[:, None]
+        lo = tl.reshape(_e2m1(c & 15), (BN, D // 16, 8)) * s[:, :, None]
+        hi = tl.reshape(_e2m1(c >> 4), (BN, D // 16, 8)) * s[:, :, None]
+        return _bf16(tl.reshape(tl.join(lo, hi), (BN, D)))
+
+    @triton.jit
+    def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale):
+        s = _dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _dot(_bf16(p), v)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _nvfp4_cache_attention(Q, KC, KS, KG, VC, VS, VG, K2, V2, Out, N, M, M2, qk_scale,
+                               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+        """One (BM queries, one batch-head) tile: the N cached tokens from codes, then the chunk's own
+        M2 in bfloat16. Every tensor is contiguous, (batch x heads, tokens, ...)."""
+        pid_m, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_d = tl.arange(0, D)
+        rows = offs_m[:, None] < M
+        q = tl.load(Q + bh * M * D + offs_m[:, None] * D + offs_d[None, :], mask=rows, other=0.0)
+        m_i = tl.full([BM], float("-inf"), tl.float32)
+        l_i = tl.zeros([BM], tl.float32)
+        acc = tl.zeros([BM, D], tl.float32)
+        for start in range(0, N, BN):
+            offs_n = start + tl.arange(0, BN)
+            valid = offs_n < N
+            k = _dequant_tile(KC + bh * N * (D // 2), KS + bh * N * (D // 16), KG, offs_n, valid, D // 2, D // 16,
+                              D, BN)
+            v = _dequant_tile(VC + bh * N * (D // 2), VS + bh * N * (D // 16), VG, offs_n, valid, D // 2, D // 16,
+                              D, BN)
+            m_i, l_i, acc = _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale)
+        for start in range(0, M2, BN):
+            offs_n = start + tl.arange(0, BN)
+            valid = offs_n < M2
+            tile = bh * M2 * D + offs_n[:, None] * D + offs_d[None, :]
+            k = tl.load(K2 + tile, mask=valid[:, None], other=0.0)
+            v = tl.load(V2 + tile, mask=valid[:, None], other=0.0)
+            m_i, l_i, acc = _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale)
+        out = acc / l_i[:, None]
+        tl.store(Out + bh * M * D + offs_m[:, None] * D + offs_d[None, :], _bf16(out), mask=rows)
+
+
+def _stacked(chunks: list[QuantizedChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chunks' codes and scales laid end to end over the tokens, and each token's 1 / S_enc."""
+    codes = torch.cat([c.codes for c in chunks], dim=2)
+    scales = torch.cat([c.scales for c in chunks], dim=2).view(torch.uint8)
+    decode = torch.cat([torch.reciprocal(c.encode_scale.float()).expand(c.tokens) for c in chunks])
+    return codes.contiguous(), scales.contiguous(), decode.contiguous()
+
+
+def nvfp4_cache_attention(q: torch.Tensor, past_k: list[QuantizedChunk], past_v: list[QuantizedChunk],
+                          k: torch.Tensor, v: torch.Tensor, block_m: int = BLOCK_M, block_n: int = BLOCK_N
+                          ) -> torch.Tensor:
+    """softmax(q [K_cache; k]^T / sqrt(D)) [V_cache; v] for (B, H, L, D) bfloat16 ``q``, ``k``, ``v`` (the
+    chunk's own keys as the cache holds them: K-smoothed where it is) and a non-empty NVFP4 cache."""
+    if triton is None:
+        raise RuntimeError("the fused NVFP4 cache attention needs Triton")
+    b, h, m, d = q.shape
+    if d % BLOCK or d & (d - 1):
+        raise ValueError(f"the head dimension must be a power of two and a multiple of {BLOCK}; got {d}")
+    if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16:
+        raise ValueError(f"bfloat16 queries, keys and values only; got {q.dtype}, {k.dtype}, {v.dtype}")
+    kc, ks, kg = _stacked(past_k)
+    vc, vs, vg = _stacked(past_v)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)
+    grid = (triton.cdiv(m, block_m), b * h)
+    extra = {} if q.device.type == "cpu" else {"num_warps": 8, "num_stages": 2}
+    _nvfp4_cache_attention[grid](q, kc, ks, kg, vc, vs, vg, k, v, out, kc.shape[2], m, k.shape[2],
+                                 math.log2(math.e) / math.sqrt(d), D=d, BM=block_m, BN=block_n, **extra)
+    return out

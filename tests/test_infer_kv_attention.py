@@ -1,0 +1,64 @@
+"""The fused NVFP4 KV-cache attention (infer/kv_attention.py) against float64 dequantize-then-attend:
+its largest error is at most 1.5x that of bf16 SDPA over the same dequantized keys and values. On
+the CPU under Triton's interpreter (TRITON_INTERPRET=1, in a subprocess since the flag is read at
+import); on a GPU at the 5B's heads and window. No conftest import: the GPU image runs this file with
+--noconftest."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def check(device: str, heads: int = 2, dim: int = 64, chunks: tuple[int, ...] = (24, 40), own: int = 40,
+          blocks: tuple[tuple[int, int], ...] = ((128, 64), (16, 16)), seed: int = 0) -> list[float]:
+    """Two cached chunks of different ranges (so their global scales differ) and an offset on the keys
+    (as real keys have, and K-smoothing removes only in part); returns each block shape's error ratio."""
+    from longlive_core.infer.kv_attention import nvfp4_cache_attention
+    from longlive_core.infer.kv_quant import QuantizedChunk
+
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(tokens: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(1, heads, tokens, dim, generator=g) * scale).to(device, torch.bfloat16)
+
+    offset = torch.randn(1, heads, 1, dim, generator=g).to(device) * 2
+    q = draw(own)
+    past_k = [QuantizedChunk.of((draw(t, 1 + i) + offset).to(torch.bfloat16)) for i, t in enumerate(chunks)]
+    past_v = [QuantizedChunk.of(draw(t, 1 + 2 * i)) for i, t in enumerate(chunks)]
+    k, v = (draw(own) + offset).to(torch.bfloat16), draw(own)
+    keys = torch.cat([c.dequantize(torch.float64) for c in past_k] + [k.double()], dim=2)  # exact: codes x scales
+    values = torch.cat([c.dequantize(torch.float64) for c in past_v] + [v.double()], dim=2)
+    weights = torch.softmax(q.double() @ keys.transpose(-1, -2) / math.sqrt(dim), dim=-1)
+    reference = weights @ values
+    sdpa = F.scaled_dot_product_attention(q, keys.to(torch.bfloat16), values.to(torch.bfloat16)).double()
+    baseline = (sdpa - reference).abs().max().item()
+    ratios = []
+    for block_m, block_n in blocks:
+        fused = nvfp4_cache_attention(q, past_k, past_v, k, v, block_m, block_n)
+        assert fused.shape == q.shape and fused.dtype == torch.bfloat16
+        error = (fused.double() - reference).abs().max().item()
+        assert error <= 1.5 * baseline, f"blocks {block_m}x{block_n}: max error {error:.3g}, bf16 SDPA's {baseline:.3g}"
+        ratios.append(error / baseline)
+    return ratios
+
+
+def test_the_fused_read_is_as_close_as_bf16_sdpa_in_the_interpreter():
+    code = "from tests.test_infer_kv_attention import check; print(check('cpu'))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+def test_the_fused_read_is_as_close_as_bf16_sdpa_on_the_gpu():
+    # the 5B's 24 heads of 128; a window of 32 latent frames at 880 tokens each: 3 cached chunks and the chunk
+    print(check("cuda", heads=24, dim=128, chunks=(7040, 7040, 7040), own=7040, blocks=((128, 64),)))
