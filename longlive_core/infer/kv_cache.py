@@ -174,10 +174,10 @@ def select(chunks: list, ranges: list[tuple[int, int]]) -> list:
 
 
 def fused_read(q: torch.Tensor, past: list) -> bool:
-    """An NVFP4 cache read by the fused kernel (infer/kv_attention.py): bfloat16 on a GPU that runs it;
-    the CPU and float32 runs dequantize it first."""
+    """An NVFP4 cache read by the fused kernel (infer/kv_attention.py): bfloat16 on a GPU that runs it,
+    with no gradient asked (the kernel has no backward); the CPU and float32 runs dequantize it first."""
     return (bool(past) and isinstance(past[0], QuantizedChunk) and q.is_cuda and q.dtype == torch.bfloat16
-            and kv_attention.available())
+            and not q.requires_grad and kv_attention.available())
 
 
 def smoothed(k: torch.Tensor, mean: torch.Tensor | None) -> torch.Tensor:
