@@ -15,9 +15,9 @@ import torch
 
 from longlive_core.cli import main as longlive
 from longlive_core.config import ConfigError, from_mapping
+from longlive_core.infer import generate as generate_module
 from longlive_core.infer.decode import FrameStream, ShotDecoder
 from longlive_core.infer.engine import GenerateConfig, generate
-from longlive_core.infer import generate as generate_module
 from longlive_core.infer.generate import Generator, generate_file
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import parse_prompts, plan_shots
@@ -61,6 +61,11 @@ def test_a_shot_decoded_chunk_by_chunk_equals_the_shot_decoded_at_once():
         parts = [decoder.decode(z[:, :2]), decoder.decode(z[:, 2:4]), decoder.decode(z[:, 4:])]
         assert [len(p) for p in parts] == [5, 8, 8]  # 1 + 4 (F - 1) for the shot's first chunk, then 4 F
         assert torch.equal(torch.cat(parts), expected)
+    # channels-last weights and input: the same frames up to float32's order of summation (one level)
+    decoder = ShotDecoder(vae_from("tiny"), channels_last=True)
+    decoder.start_shot()
+    parts = [decoder.decode(z[:, :2]), decoder.decode(z[:, 2:4]), decoder.decode(z[:, 4:])]
+    assert (torch.cat(parts).int() - expected.int()).abs().max() <= 1
 
 
 def test_the_folder_says_how_it_is_sampled_unless_params_or_flags_say_otherwise():

@@ -21,12 +21,30 @@ import torch
 
 
 class ShotDecoder:
-    def __init__(self, vae, dtype: torch.dtype = torch.float32):
-        self.vae, self.dtype = vae, dtype
+    """``channels_last``: the convolutions' weights and the decoder's input in channels-last layouts
+    (cuDNN's fastest for 3-D convolutions in bf16); ``compile``: each latent frame's decoder call
+    through torch.compile with its shapes fixed (a shot's first frame, its second and the rest differ
+    in the feature cache they find: three graphs, compiled once). Both leave the frames as they are up
+    to the dtype's rounding (tested); bench/vae_decode.py measures what they gain."""
+
+    def __init__(self, vae, dtype: torch.dtype = torch.float32, channels_last: bool = False, compile: bool = False):
+        self.vae, self.dtype, self.channels_last = vae, dtype, channels_last
         device = next(vae.parameters()).device
         self.mean = torch.tensor(vae.config.latents_mean, device=device, dtype=torch.float32)[:, None, None, None]
         self.std = torch.tensor(vae.config.latents_std, device=device, dtype=torch.float32)[:, None, None, None]
         self.first = True
+        if channels_last:
+            for module in vae.decoder.modules():
+                if isinstance(module, torch.nn.Conv3d | torch.nn.Conv2d):
+                    layout = torch.channels_last_3d if module.weight.dim() == 5 else torch.channels_last
+                    module.weight.data = module.weight.data.contiguous(memory_format=layout)
+        self.frame = torch.compile(self._frame, dynamic=False) if compile else self._frame
+
+    def _frame(self, x: torch.Tensor, first: bool) -> torch.Tensor:
+        """One latent frame through the decoder, its causal feature cache read and updated."""
+        vae = self.vae
+        vae._conv_idx = [0]
+        return vae.decoder(x, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=first)
 
     @property
     def device(self) -> torch.device:
@@ -47,9 +65,10 @@ class ShotDecoder:
         x = vae.post_quant_conv(x)  # a 1x1x1 convolution: no temporal state
         parts = []
         for i in range(x.shape[2]):
-            vae._conv_idx = [0]
-            parts.append(vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx,
-                                     first_chunk=self.first))
+            frame = x[:, :, i:i + 1]
+            if self.channels_last:
+                frame = frame.contiguous(memory_format=torch.channels_last_3d)
+            parts.append(self.frame(frame, self.first))
             self.first = False
         out = torch.cat(parts, dim=2)
         if vae.config.patch_size is not None:
