@@ -1,5 +1,6 @@
-"""bench/generate_product.py's code path on the CPU with its tiny models: the folders it makes load
-through the product's own checks, and every row reports what bench/RESULTS.md quotes."""
+"""The inference benches' code paths on the CPU with their tiny models: bench/generate_product.py's
+folders load through the product's own checks and every row reports what bench/RESULTS.md quotes;
+bench/vae_decode.py compares each variant with float32."""
 from __future__ import annotations
 
 import json
@@ -32,3 +33,11 @@ def test_the_product_bench_makes_its_folders_and_reports_each_row(tmp_path):
     assert {r["recipe"] for r in got} == {"nvfp4"} and got[1]["frames"] == got[2]["frames"] > got[0]["frames"]
     assert got[0]["first_frame_from_process_s"] > got[0]["load_s"] > 0
     assert all(r["end_to_end_fps"] > 0 and r["first_frame_after_prompt_s"] < r["first_frame_s"] for r in got)
+
+
+def test_the_vae_decode_bench_compares_its_variants_with_float32():
+    proc = subprocess.run([sys.executable, str(REPO / "bench/vae_decode.py"), "--tiny", "--device", "cpu", "--chunks",
+                           "3", "--variants", "bf16,bf16-cl"], capture_output=True, text=True, cwd=REPO, check=True)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("bf16")]
+    assert [r.split(":")[0] for r in rows] == ["bf16", "bf16-cl"]
+    assert all("PSNR" in r and "FPS" in r for r in rows)

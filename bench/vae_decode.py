@@ -1,0 +1,115 @@
+"""The VAE decode as ``longlive generate`` runs it (``ShotDecoder``: one chunk of latent frames at a
+time, the causal feature cache kept across chunks), its variants side by side in one run against the
+float32 decode of the same latents.
+
+    python bench/vae_decode.py [--chunks 6] [--variants bf16,bf16-cl,bf16-compile,bf16-compile-cl]
+    python bench/vae_decode.py --tiny --device cpu --chunks 3 --variants bf16,bf16-cl   # the code path, anywhere
+
+Wan2.2's VAE with random weights made on the device, 704x1280, chunks of 8 latent frames (32 video
+frames) of one shot drawn N(0, 1); each variant decodes a warm-up shot (compiling where it compiles),
+then the timed shot: the median of its steady chunks (the shot's first makes 29 frames, not 32).
+Per variant: FPS, TFLOP/s against the dense BF16 peak (FlopCounterMode over one steady chunk), and
+against float32's frames the PSNR and the largest difference in 8-bit levels. Variants: ``fp32``,
+``bf16`` (the product's default on a GPU), ``-cl`` channels-last weights and input, ``-compile`` each
+latent frame's decoder call compiled with fixed shapes.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from longlive_core.infer.decode import ShotDecoder  # noqa: E402
+from longlive_core.models.vae import build_vae  # noqa: E402
+from longlive_core.train.flops import PEAK_BF16_TFLOPS  # noqa: E402
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def decoder_for(variant: str, state: dict, name: str, device: torch.device) -> ShotDecoder:
+    """A fresh VAE with the reference weights, as ``variant`` asks."""
+    dtype = torch.float32 if variant.startswith("fp32") else torch.bfloat16
+    with torch.device(device):
+        vae = build_vae(name)
+    vae.load_state_dict(state)
+    return ShotDecoder(vae.to(dtype).eval(), dtype, channels_last="-cl" in variant, compile="-compile" in variant)
+
+
+def decode_shot(decoder: ShotDecoder, latents: list[torch.Tensor], device) -> tuple[torch.Tensor, list[float]]:
+    """The shot's frames (uint8, on the CPU) and each chunk's wall seconds."""
+    decoder.start_shot()
+    frames, times = [], []
+    for z in latents:
+        sync(device)
+        t0 = time.perf_counter()
+        out = decoder.decode(z)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+        frames.append(out.cpu())
+    return torch.cat(frames), times
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = (a.float() - b.float()).pow(2).mean().item()
+    return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(255.0 ** 2 / mse)).item()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=6)
+    ap.add_argument("--variants", default="bf16,bf16-cl,bf16-compile,bf16-compile-cl")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    name = "tiny" if args.tiny else "wan2.2"
+    h, w, chunk = (4, 4, 2) if args.tiny else (44, 80, 8)
+    torch.manual_seed(0)
+    with torch.device(device):
+        state = {k: v.clone() for k, v in build_vae(name).state_dict().items()}
+    g = torch.Generator(device).manual_seed(1)
+    latents = [torch.randn(48, chunk, h, w, device=device, generator=g) for _ in range(args.chunks)]
+    cuda = device.type == "cuda"
+    print(f"# {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}, {name} VAE, "
+          f"{16 * h}x{16 * w}, {args.chunks} chunks of {chunk} latent frames", flush=True)
+    fp32 = decoder_for("fp32", state, name, device)
+    reference, _ = decode_shot(fp32, latents, device)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    fp32.start_shot()
+    fp32.decode(latents[0])
+    with FlopCounterMode(display=False) as counter:  # a steady chunk's FLOPs: the same in every variant
+        fp32.decode(latents[1])
+    tflop = counter.get_total_flops() / 1e12
+    del fp32
+    frames_per_chunk = 4 * chunk
+    for variant in args.variants.split(","):
+        decoder = decoder_for(variant, state, name, device)
+        t0 = time.perf_counter()
+        decode_shot(decoder, latents[:2], device)  # warm-up: compiles every graph a shot needs
+        warm = time.perf_counter() - t0
+        frames, times = decode_shot(decoder, latents, device)
+        ms = statistics.median(times[1:] or times) * 1000
+        tflops = tflop / ms * 1000
+        levels = (frames.int() - reference.int()).abs().max().item()
+        print(f"{variant}: {ms:.0f} ms per chunk -> {frames_per_chunk / ms * 1000:.1f} FPS; {tflop:.1f} TFLOP per "
+              f"chunk -> {tflops:.0f} TFLOP/s"
+              + (f" ({tflops / PEAK_BF16_TFLOPS['H200']:.0%} of the H200's dense BF16 peak)" if cuda else "")
+              + f"; against fp32: PSNR {psnr(frames, reference):.1f} dB, at most {levels} levels off; "
+              f"warm-up {warm:.0f} s", flush=True)
+        del decoder
+        if cuda:
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
