@@ -43,7 +43,8 @@ def body(p: Prepared, run):
     report = ReportInputs(scores=scores, rejected_shots=pd.read_parquet(REJECTED), samples=out.samples,
                           clips_dir=CLIPS, min_shot_s=p.shots.min_shot_s, max_shot_s=p.shots.max_shot_s,
                           metric=p.iqa.metric, threshold=p.iqa.thresholds[p.iqa.metric],
-                          lower_better=lower_is_better(p.iqa.metric), min_motion=p.iqa.min_motion)
+                          lower_better=lower_is_better(p.iqa.metric), min_motion=p.iqa.min_motion,
+                          dedup_hamming=p.iqa.dedup_hamming)
     write_curation_report(report, CURATION_REPORT)
     run.log_artifact(CURATION_REPORT, "curation")
     return dict(out.counts)

@@ -1,7 +1,9 @@
 """DVC stage `iqa_filter`: a quality score (pyiqa: MANIQA in production, PIQE in the demo) and a
-motion score per usable shot, and the keep decision from per-metric thresholds. Outputs
-data/iqa/scores.parquet. Raw scores are cached in data/iqa/state/ (persist), so changing a
-threshold re-decides without re-scoring."""
+motion score per usable shot, and the keep decision from per-metric thresholds; then, among the kept
+shots, near-duplicates across videos (perceptual hashes of three frames) are removed, one copy kept
+per group. This is the stage that decodes every shot anyway, and removing copies here spares every
+later stage their work. Outputs data/iqa/scores.parquet. Raw scores and hashes are cached in
+data/iqa/state/ (persist), so changing a threshold re-decides without re-scoring."""
 from __future__ import annotations
 
 import dataclasses
@@ -48,7 +50,9 @@ def body(p: Prepared, run):
 
 def one_line(s) -> str:
     return (f"{s['shots']} shots scored with {s['iqa_metric']} ({s['scored']} new, {s['reused']} cached): "
-            f"{s['kept']} kept, {s['rejected_quality']} below quality, {s['rejected_static']} static")
+            f"{s['kept']} kept, {s['rejected_quality']} below quality, {s['rejected_unscorable']} unscorable "
+            f"({s['unscorable_frames']} frames left out in all), {s['rejected_static']} static, "
+            f"{s['rejected_duplicate']} near-duplicates ({s['duplicate_groups']} groups)")
 
 
 def main() -> None:

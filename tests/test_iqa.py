@@ -15,7 +15,10 @@ from longlive_core.iqa.metrics import (
 from longlive_core.iqa.motion import motion_score
 from longlive_core.iqa.score import _aggregate, sample_positions, score_shots
 from longlive_core.parallel import make_executor
+from longlive_core.shots.clips import clip_frames_at, read_clip
 from longlive_core.video.synth import ShotSpec, render_shot
+
+from .helpers.shot_clips import write_shots
 
 
 def test_sample_positions_leave_room_for_the_motion_pair():
@@ -29,6 +32,13 @@ def test_aggregate_worst_follows_the_direction():
     v = np.array([1.0, 5.0, 3.0])
     assert _aggregate(v, "mean", True) == 3.0 and _aggregate(v, "median", True) == 3.0
     assert _aggregate(v, "worst", True) == 5.0 and _aggregate(v, "worst", False) == 1.0
+
+
+def test_aggregate_leaves_out_the_frames_the_metric_could_not_score():
+    v = np.array([np.nan, 1.0, 5.0, np.nan])
+    assert _aggregate(v, "mean", True) == 3.0 and _aggregate(v, "worst", True) == 5.0
+    assert _aggregate(v, "worst", False) == 1.0 and _aggregate(v, "median", False) == 3.0
+    assert np.isnan(_aggregate(np.array([np.nan, np.nan]), "mean", True))
 
 
 def test_motion_score_separates_static_from_moving():
@@ -50,6 +60,42 @@ def test_piqe_direction_comes_from_pyiqa():
     assert metric.lower_better and keeps(40.0, 50.0, True) and not keeps(60.0, 50.0, True)
     scores = metric(np.random.default_rng(0).integers(0, 255, (2, 96, 128, 3), dtype=np.uint8))
     assert scores.shape == (2,) and np.all((scores >= 0) & (scores <= 100))
+
+
+def test_a_uniform_frame_is_one_the_metric_cannot_score():
+    """PIQE divides by a frame's brightest pixel (0/0 on black) and has no block to judge on any uniform
+    frame; both are NaN, whatever the frames batched with them."""
+    metric = QualityMetric(IQAConfig(), torch.device("cpu"))
+    textured = np.random.default_rng(0).integers(0, 255, (96, 128, 3), dtype=np.uint8)
+    black, grey = np.zeros_like(textured), np.full_like(textured, 128)
+    scores = metric(np.stack([black, textured, grey]))
+    assert np.isnan(scores[0]) and np.isnan(scores[2]) and 0 <= scores[1] <= 100
+    assert scores[1] == metric(textured[None])[0]
+
+
+def fade_in(frames: list[np.ndarray], over: int) -> list[np.ndarray]:
+    return [(f * min(1.0, i / over)).astype(np.uint8) for i, f in enumerate(frames)]
+
+
+def test_a_fade_from_black_is_scored_on_its_scorable_frames_and_a_black_shot_is_rejected_as_unscorable(tmp_path):
+    content = list(render_shot(ShotSpec(13, 0.3, "circle", 1), 160, 96))
+    shots, clips = write_shots(tmp_path, {"fades/in.mp4": [fade_in(content, 4), [np.zeros_like(content[0])] * 13]})
+    cfg = from_mapping(IQAConfig, {"thresholds": {"piqe": 100.0}}, "iqa_filter")
+    out = score_shots(shots, clips, cfg, tmp_path / "state", make_executor("local", 1))
+    fade, black = out.scores.itertuples(index=False)
+    assert sample_positions(13, 3) == [0, 6, 11]  # the fade's first sampled frame is its black one
+    frames = clip_frames_at(read_clip(clips, fade.clip_shard, fade.clip_member), [6, 11])
+    expected = QualityMetric(cfg, torch.device("cpu"))(np.stack([frames[6], frames[11]])).mean()
+    assert (fade.iqa_frames, fade.iqa_unscorable) == (3, 1)
+    assert fade.iqa_score == pytest.approx(float(expected), rel=1e-6) and fade.kept and fade.reject_reason == ""
+    assert (black.iqa_frames, black.iqa_unscorable) == (3, 3) and np.isnan(black.iqa_score) and not black.kept
+    assert black.reject_reason == ("unscorable: piqe could score none of the shot's 3 sampled frames (a uniform "
+                                   "frame, such as a black one, has no quality to measure)")
+    assert out.counts["rejected_unscorable"] == 1 and out.counts["rejected_quality"] == 0
+    assert out.counts["unscorable_frames"] == 4 and out.counts["iqa_score_mean"] == fade.iqa_score
+    again = score_shots(shots, clips, cfg, tmp_path / "state", make_executor("local", 1))
+    assert again.counts["scored"] == 0  # the counts of unscorable frames come back from the cache
+    pd.testing.assert_frame_equal(again.scores, out.scores)
 
 
 @pytest.mark.slow
@@ -101,6 +147,10 @@ def test_scores_every_shot_once_and_thresholds_recut_without_rescoring(demo_shot
     moving = from_mapping(IQAConfig, {"thresholds": {"piqe": 100.0}, "min_motion": 1e6}, "iqa_filter")
     static = score_shots(shots, clips, moving, tmp_path / "state", inline)
     assert static.counts["scored"] == 0 and static.counts["rejected_static"] == len(shots)
+    everything = from_mapping(IQAConfig, {"thresholds": {"piqe": 100.0}}, "iqa_filter")
+    kept_all = score_shots(shots, clips, everything, tmp_path / "state", inline)
+    assert kept_all.counts["scored"] == 0 and kept_all.scores["kept"].all()  # the demo's shots are no copies
+    assert kept_all.counts["duplicate_groups"] == 0 and kept_all.counts["unscorable_frames"] == 0
     more = from_mapping(IQAConfig, {"frames_per_shot": 2}, "iqa_filter")
     assert score_shots(shots, clips, more, tmp_path / "state", inline).counts["scored"] == len(shots)
 

@@ -195,7 +195,7 @@ REUSE_KEY_DIGESTS = {
     "longlive_core.latents.encode": "349e287242a6add6a5bb1c1ca1bab43f45f403f1c7beca626f5a2796113ec2cb",
     "longlive_core.shots.split": "36b0d4c6f73ddb6c5fcaa4f02e02818044c878e68587e66c22d5569d4ba6d74f",
     "longlive_core.video.probe": "f7c03b7a07b579cf9cd03a3b6fb94a4223e1fdbae7b1146d587bb1e4bc64bd9d",
-    "longlive_core.iqa.score": "ab400505985c6fc2b3ef546b36b5551a705dccff7d120972815dcf771065890a",
+    "longlive_core.iqa.score": "9e3a54978acf2143cd402273692520e00137d01f36dd5fe1b62b29e931457f9c",
 }
 
 

@@ -2,8 +2,9 @@
 
 Writes, into one directory: histograms of shot length, quality score and motion score with the
 thresholds drawn in; counts per reject reason and per bucket (counts.json); contact sheets (a few
-frames of each shot) of the best, the borderline and the rejected shots; and index.md tying them
-together.
+frames of each shot) of the best, the borderline and the rejected shots; the near-duplicate groups
+(near_duplicates.csv, one row per member, and a contact sheet of the first groups); and index.md
+tying them together.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class ReportInputs:
     threshold: float
     lower_better: bool
     min_motion: float
+    dedup_hamming: int | None  # None: near-duplicates were not looked for
 
 
 def _histogram(path: Path, values, title: str, xlabel: str, lines: dict[str, float]) -> None:
@@ -59,7 +61,8 @@ def contact_sheet(rows: pd.DataFrame, clips_dir: Path, frames_per_shot: int = 4,
         at = [int(i) for i in np.linspace(0, r.num_frames - 1, frames_per_shot)]
         frames = clip_frames_at(read_clip(clips_dir, r.clip_shard, r.clip_member), at)
         verdict = "kept" if r.kept else "rejected"
-        text = f"{r.path} #{r.shot_index}  {r.iqa_metric}={r.iqa_score:.3f}  motion={r.motion_score:.2f}  {verdict}"
+        score = "unscorable" if pd.isna(r.iqa_score) else f"{r.iqa_score:.3f}"
+        text = f"{r.path} #{r.shot_index}  {r.iqa_metric}={score}  motion={r.motion_score:.2f}  {verdict}"
         lines.append(labelled_strip([frames[i] for i in at], text, thumb_w))
     return stack_rows(lines, thumb_w * frames_per_shot)
 
@@ -71,7 +74,7 @@ def write_curation_report(inp: ReportInputs, out_dir: Path, per_sheet: int = 6) 
     _histogram(out_dir / "shot_length.png", lengths, "Shot length (usable and too short)", "seconds",
                {"min": inp.min_shot_s, "max": inp.max_shot_s})
     direction = "lower is better" if inp.lower_better else "higher is better"
-    _histogram(out_dir / "iqa_score.png", s["iqa_score"], f"{inp.metric} ({direction})", inp.metric,
+    _histogram(out_dir / "iqa_score.png", s["iqa_score"].dropna(), f"{inp.metric} ({direction})", inp.metric,
                {"threshold": inp.threshold})
     _histogram(out_dir / "motion_score.png", s["motion_score"], "Motion (mean optical flow)", "pixels per frame",
                {"min": inp.min_motion} if inp.min_motion > 0 else {})
@@ -83,16 +86,25 @@ def write_curation_report(inp: ReportInputs, out_dir: Path, per_sheet: int = 6) 
     for reason in s.loc[~s["kept"], "reject_reason"]:
         key = reason.split(":")[0]
         reasons[key] = reasons.get(key, 0) + 1
+    duplicates = s[s["dup_group"] >= 0].sort_values(["dup_group", "kept", "path", "shot_index"],
+                                                    ascending=[True, False, True, True])
     counts = {"usable_shots": len(s), "kept_shots": int(s["kept"].sum()), "reject_reasons": reasons,
+              "unscorable_frames": int(s["iqa_unscorable"].sum()),
+              "near_duplicate_groups": int(duplicates["dup_group"].nunique()),
+              "near_duplicate_shots": len(duplicates),
               "buckets": {str(k): int(v) for k, v in inp.samples["bucket"].value_counts().sort_index().items()},
               "samples": len(inp.samples)}
     write_json(counts, out_dir / "counts.json")
+    write_bytes(duplicates[["dup_group", "path", "shot_index", "iqa_score", "kept", "reject_reason"]]
+                .to_csv(index=False).encode("utf-8"), out_dir / "near_duplicates.csv")
 
     better_first = s.sort_values("iqa_score", ascending=inp.lower_better)
     best = better_first[better_first["kept"]].head(per_sheet)
     border = s.assign(gap=(s["iqa_score"] - inp.threshold).abs()).sort_values("gap").head(per_sheet)
     rejected = better_first[~better_first["kept"]].tail(per_sheet)
-    sheets = {"contact_best.png": best, "contact_borderline.png": border, "contact_rejected.png": rejected}
+    first_groups = duplicates[duplicates["dup_group"].isin(duplicates["dup_group"].unique()[:per_sheet // 2])]
+    sheets = {"contact_best.png": best, "contact_borderline.png": border, "contact_rejected.png": rejected,
+              "contact_duplicates.png": first_groups}
     for name, rows in sheets.items():
         write_png(out_dir / name, contact_sheet(rows, inp.clips_dir))
 
@@ -101,8 +113,28 @@ def write_curation_report(inp: ReportInputs, out_dir: Path, per_sheet: int = 6) 
              "| reject reason | shots |", "|---|---|", *[f"| {k} | {v} |" for k, v in sorted(reasons.items())], "",
              "| bucket | samples |", "|---|---|", *[f"| {k} | {v} |" for k, v in counts["buckets"].items()], "",
              "![shot length](shot_length.png) ![quality](iqa_score.png) ![motion](motion_score.png)", "",
+             f"{counts['unscorable_frames']} sampled frames could not be scored by {inp.metric} (uniform, such as "
+             "black ones in fades) and were left out of their shots' scores.", "",
+             *_duplicate_lines(duplicates, inp.dedup_hamming),
              "Best kept shots:", "", "![best](contact_best.png)", "",
              f"Borderline (nearest the {inp.metric} threshold {inp.threshold}):", "",
              "![borderline](contact_borderline.png)", "", "Rejected:", "", "![rejected](contact_rejected.png)", ""]
     write_bytes("\n".join(lines).encode("utf-8"), out_dir / "index.md")
     return counts
+
+
+def _duplicate_lines(duplicates: pd.DataFrame, hamming: int | None, listed: int = 20) -> list[str]:
+    if hamming is None:
+        return ["Near-duplicate shots were not looked for (iqa_filter.dedup_hamming: null).", ""]
+    groups = list(duplicates.groupby("dup_group", sort=True))
+    lines = [f"{len(groups)} groups of near-duplicate shots across videos (each of 3 frame hashes within {hamming} "
+             f"bits); {int((~duplicates['kept']).sum())} copies removed. All in near_duplicates.csv"
+             + (f"; the first {listed}:" if len(groups) > listed else ":"), ""]
+    if not groups:
+        return lines
+    lines += ["| group | kept | removed |", "|---|---|---|"]
+    for number, rows in groups[:listed]:
+        kept = ", ".join(f"{r.path} #{r.shot_index}" for r in rows[rows["kept"]].itertuples())
+        removed = ", ".join(f"{r.path} #{r.shot_index}" for r in rows[~rows["kept"]].itertuples())
+        lines.append(f"| {number} | {kept} | {removed} |")
+    return [*lines, "", "![near-duplicates](contact_duplicates.png)", ""]

@@ -36,6 +36,7 @@ class IQAConfig:
     thresholds: dict[str, float] = dataclasses.field(default_factory=lambda: {"piqe": 50.0, "maniqa": 0.35})
     motion_width: int = 128  # optical flow runs on frames downscaled to this width
     min_motion: float = 0.0  # pixels per frame at motion_width; 0 keeps static shots
+    dedup_hamming: int | None = 12  # bits (of 63) each hashed frame may differ by in near-duplicates; null: off
 
     def validate(self, where: str) -> None:
         if self.metric not in METRICS:
@@ -56,6 +57,10 @@ class IQAConfig:
         for key in ("frames_per_shot", "crops", "batch_size", "motion_width", "workers"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}.{key} must be >= 1")
+        # 63: dedup.HASH_BITS, written out so that the stages reading this config need not import the hashing
+        if self.dedup_hamming is not None and not 0 <= self.dedup_hamming <= 63:
+            raise ConfigError(f"{where}.dedup_hamming must be between 0 and 63 (bits of a frame's hash), or null to "
+                              f"keep near-duplicate shots; got {self.dedup_hamming}")
         if self.metric == "maniqa":
             ckpt = self.maniqa_checkpoint
             if not ckpt or not Path(ckpt).is_file():
@@ -121,7 +126,13 @@ def keeps(score: float, threshold: float, lower_better: bool) -> bool:
 
 
 class QualityMetric:
-    """Scores RGB uint8 frames (N, H, W, 3); ``lower_better`` says the metric's direction."""
+    """Scores RGB uint8 frames (N, H, W, 3); ``lower_better`` says the metric's direction.
+
+    A frame it cannot score is NaN: one the metric gives no finite score (PIQE divides by the
+    frame's brightest pixel, so a black frame is 0/0), and any uniform frame, which has no quality
+    to measure (PIQE falls back to its constant, 100, with no block to judge; MANIQA would judge
+    an empty picture). Fades from and to black hold such frames; the shot's score leaves them out.
+    """
 
     def __init__(self, cfg: IQAConfig, device: torch.device):
         import pyiqa
@@ -143,5 +154,7 @@ class QualityMetric:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                 y = self.net(x)
             out.append(y.reshape(-1).float().cpu().numpy())
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
+        scores = np.concatenate(out) if out else np.zeros(0, np.float32)
+        uniform = (frames == frames[:, :1, :1, :]).all(axis=(1, 2, 3))
+        return np.where(np.isfinite(scores) & ~uniform, scores, np.float32(np.nan))
 

@@ -4,11 +4,17 @@ Raw scores are cached per clip under ``state_dir``, by the clip's content digest
 else they depend on (``score_key``: the scoring params, the metric's weights, the scoring code):
 re-encoded clips or new weights are scored afresh, while changing a threshold re-decides ``kept``
 without scoring anything, which is how curators tune.
+
+A sampled frame the metric cannot score (``QualityMetric``: uniform, such as black) is counted in
+``iqa_unscorable`` and left out of the shot's score; a shot with no scorable frame has no score
+(null) and is rejected as unscorable. The same decode pass hashes each shot's frames (``dedup``), so
+near-duplicates are regrouped from the cache when their threshold changes, as kept is re-decided.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +22,7 @@ import pandas as pd
 
 from longlive_core.devices import pick_device
 from longlive_core.io.parts import PartTable
+from longlive_core.iqa.dedup import format_hashes, hash_frames, mark_near_duplicates, phash
 from longlive_core.iqa.metrics import IQAConfig, QualityMetric, keeps, lower_is_better
 from longlive_core.iqa.motion import motion_score
 from longlive_core.models.weights import weights_identity
@@ -26,8 +33,10 @@ from longlive_core.tracking.lineage import code_digest, digest_json
 
 log = logging.getLogger(__name__)
 
-SCORE_COLUMNS = ["iqa_metric", "iqa_score", "motion_score", "kept", "reject_reason"]
-CACHE_COLUMNS = ["clip_sha256", "key", "iqa_score", "motion_score"]
+SCORE_COLUMNS = ["iqa_metric", "iqa_score", "iqa_frames", "iqa_unscorable", "motion_score", "phash", "dup_group",
+                 "kept", "reject_reason"]
+VALUE_COLUMNS = ["iqa_score", "iqa_frames", "iqa_unscorable", "motion_score", "phash"]
+CACHE_COLUMNS = ["clip_sha256", "key", *VALUE_COLUMNS]
 
 
 def score_key(cfg: IQAConfig) -> str:
@@ -44,6 +53,10 @@ def sample_positions(num_frames: int, k: int) -> list[int]:
 
 
 def _aggregate(values: np.ndarray, how: str, lower_better: bool) -> float:
+    """Over the frames the metric could score (NaN where it scored none: the caller says why)."""
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return math.nan
     if how == "mean":
         return float(values.mean())
     if how == "median":
@@ -74,6 +87,20 @@ class ScoreTask:
     shots: tuple[ShotRef, ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class ShotScore:
+    """What a clip is scored to: one row of the cache (VALUE_COLUMNS)."""
+    clip_sha256: str
+    iqa_score: float  # NaN: no sampled frame could be scored
+    iqa_frames: int  # frames sampled
+    iqa_unscorable: int  # of those, frames the metric could not score
+    motion_score: float
+    phash: str  # dedup.format_hashes of the frames at dedup.HASH_POSITIONS
+
+    def values(self) -> dict:
+        return {k: getattr(self, k) for k in VALUE_COLUMNS}
+
+
 _WORKER_METRIC: tuple[IQAConfig, QualityMetric] | None = None
 
 
@@ -86,33 +113,37 @@ def worker_metric(cfg: IQAConfig) -> QualityMetric:
     return _WORKER_METRIC[1]
 
 
-def score_task(task: ScoreTask) -> list[tuple[str, float, float]]:
-    """(clip_sha256, quality score, motion score) for each of the task's shots."""
+def score_task(task: ScoreTask) -> list[ShotScore]:
+    """The scores of each of the task's shots."""
     cfg, metric = task.cfg, worker_metric(task.cfg)
-    out: list[tuple[str, float, float]] = []
-    batch: list[tuple[str, list[np.ndarray], float]] = []  # a batch holds frames of one size only
+    out: list[ShotScore] = []
+    batch: list[tuple[ShotRef, list[np.ndarray], float, str]] = []  # a batch holds frames of one size only
 
     def score_batch() -> None:
         if not batch:
             return
-        values = metric(np.stack([f for _, fs, _ in batch for f in fs]))
+        values = metric(np.stack([f for _, fs, _, _ in batch for f in fs]))
         pos = 0
-        for sha, fs, motion in batch:
-            out.append((sha, _aggregate(values[pos:pos + len(fs)], cfg.aggregate, metric.lower_better), motion))
+        for shot, fs, motion, hashes in batch:
+            v = values[pos:pos + len(fs)]
+            out.append(ShotScore(shot.clip_sha256, _aggregate(v, cfg.aggregate, metric.lower_better), len(fs),
+                                 int((~np.isfinite(v)).sum()), motion, hashes))
             pos += len(fs)
         batch.clear()
 
     for shot in task.shots:
         positions = sample_positions(shot.num_frames, cfg.frames_per_shot)
+        hashed = hash_frames(shot.num_frames)
         decoded = clip_frames_at(read_clip(Path(task.clips_dir), shot.clip_shard, shot.clip_member),
-                                 set(positions) | {p + 1 for p in positions})
+                                 set(positions) | {p + 1 for p in positions} | set(hashed))
         frames = [decoded[p] for p in positions]
         pairs = [(decoded[p], decoded[p + 1]) for p in positions if p + 1 in decoded]
         motion = motion_score(pairs, cfg.motion_width)
+        hashes = format_hashes([phash(decoded[i]) for i in hashed])
         if batch and (batch[0][1][0].shape != frames[0].shape
-                      or sum(len(fs) for _, fs, _ in batch) + len(frames) > cfg.batch_size):
+                      or sum(len(fs) for _, fs, _, _ in batch) + len(frames) > cfg.batch_size):
             score_batch()
-        batch.append((shot.clip_sha256, frames, motion))
+        batch.append((shot, frames, motion, hashes))
     score_batch()
     return out
 
@@ -133,7 +164,7 @@ def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, state_dir:
     table = PartTable(state_dir, "scores", CACHE_COLUMNS)
     cache = table.read()
     cache = cache[cache["key"] == key]
-    known = dict(zip(cache["clip_sha256"], zip(cache["iqa_score"], cache["motion_score"])))
+    known: dict[str, dict] = dict(zip(cache["clip_sha256"], cache[VALUE_COLUMNS].to_dict("records")))
     todo = [r for r in shots.drop_duplicates("clip_sha256").itertuples(index=False) if r.clip_sha256 not in known]
     progress = Progress(log, "iqa_filter", len(todo), "shots")
     new_rows: list[dict] = []
@@ -148,9 +179,9 @@ def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, state_dir:
                 members = ", ".join(f"{s.clip_shard}:{s.clip_member}" for s in task.shots)
                 raise RuntimeError(f"scoring failed for the clips {members}: {type(result).__name__}: {result} "
                                    "(the shots scored so far are kept; rerun to continue)") from result
-            for sha, iqa, motion in result:
-                new_rows.append({"clip_sha256": sha, "key": key, "iqa_score": iqa, "motion_score": motion})
-                known[sha] = (iqa, motion)
+            for shot in result:
+                new_rows.append({"clip_sha256": shot.clip_sha256, "key": key, **shot.values()})
+                known[shot.clip_sha256] = shot.values()
                 progress.advance()
             if len(new_rows) >= checkpoint_every:
                 flush()
@@ -158,19 +189,23 @@ def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, state_dir:
         flush()
     # keep what today's shots use, so the cache does not grow with every re-split
     live = set(shots["clip_sha256"])
-    table.compact(pd.DataFrame([{"clip_sha256": c, "key": key, "iqa_score": v[0], "motion_score": v[1]}
-                                for c, v in known.items() if c in live], columns=CACHE_COLUMNS))
+    table.compact(pd.DataFrame([{"clip_sha256": c, "key": key, **v} for c, v in known.items() if c in live],
+                               columns=CACHE_COLUMNS))
 
     threshold = cfg.thresholds[cfg.metric]
     out = shots.copy()
     out["iqa_metric"] = cfg.metric
-    vals = [known[c] for c in shots["clip_sha256"]]
-    out["iqa_score"] = [v[0] for v in vals]
-    out["motion_score"] = [v[1] for v in vals]
+    for column in VALUE_COLUMNS:
+        out[column] = [known[c][column] for c in shots["clip_sha256"]]
+    out = out.astype({"iqa_score": "float64", "iqa_frames": "int64", "iqa_unscorable": "int64",
+                      "motion_score": "float64"})
     direction = "<=" if lower_better else ">="
     reasons = []
-    for s, m in zip(out["iqa_score"], out["motion_score"]):
-        if not keeps(s, threshold, lower_better):
+    for s, n, m in zip(out["iqa_score"], out["iqa_frames"], out["motion_score"]):
+        if math.isnan(s):
+            reasons.append(f"unscorable: {cfg.metric} could score none of the shot's {n} sampled frames (a uniform "
+                           "frame, such as a black one, has no quality to measure)")
+        elif not keeps(s, threshold, lower_better):
             reasons.append(f"quality: {cfg.metric} {s:.3f} not {direction} {threshold}")
         elif m < cfg.min_motion:
             reasons.append(f"static: motion {m:.3f} < {cfg.min_motion}")
@@ -178,11 +213,18 @@ def score_shots(shots: pd.DataFrame, clips_dir: Path, cfg: IQAConfig, state_dir:
             reasons.append("")
     out["reject_reason"] = reasons
     out["kept"] = out["reject_reason"] == ""
+    out, groups = mark_near_duplicates(out, cfg.dedup_hamming, lower_better)
+    out = out[[*shots.columns, *SCORE_COLUMNS]]
+    scored = out["iqa_score"].dropna()
     counts = {"shots": len(out), "scored": len(todo), "reused": len(out) - len(todo),
               "kept": int(out["kept"].sum()),
               "rejected_quality": int(out["reject_reason"].str.startswith("quality").sum()),
+              "rejected_unscorable": int(out["reject_reason"].str.startswith("unscorable").sum()),
               "rejected_static": int(out["reject_reason"].str.startswith("static").sum()),
+              "rejected_duplicate": int(out["reject_reason"].str.startswith("near-duplicate").sum()),
+              "duplicate_groups": groups,
+              "unscorable_frames": int(out["iqa_unscorable"].sum()),
               "shots_per_s": round(len(todo) / max(progress.elapsed_s, 1e-9), 3),
-              "iqa_score_mean": float(out["iqa_score"].mean()) if len(out) else 0.0,
+              "iqa_score_mean": float(scored.mean()) if len(scored) else 0.0,
               "motion_score_mean": float(out["motion_score"].mean()) if len(out) else 0.0}
     return IQAOutcome(out, counts)
