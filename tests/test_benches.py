@@ -1,6 +1,6 @@
 """The inference benches' code paths on the CPU with their tiny models: bench/generate_product.py's
 folders load through the product's own checks and every row reports what bench/RESULTS.md quotes;
-bench/vae_decode.py compares each variant with float32."""
+bench/vae_decode.py compares each variant with float32; bench/generate_sp_projection.py runs a rank of P."""
 from __future__ import annotations
 
 import json
@@ -41,3 +41,12 @@ def test_the_vae_decode_bench_compares_its_variants_with_float32():
     rows = [line for line in proc.stdout.splitlines() if line.startswith("bf16")]
     assert [r.split(":")[0] for r in rows] == ["bf16", "bf16-cl"]
     assert all("PSNR" in r and "FPS" in r for r in rows)
+
+
+def test_the_sequence_parallel_projection_runs_a_rank_of_p_on_one_device():
+    proc = subprocess.run([sys.executable, str(REPO / "bench/generate_sp_projection.py"), "--tiny", "--device", "cpu",
+                           "--sp", "1", "2", "--chunks", "4"], capture_output=True, text=True, cwd=REPO, check=True)
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("P = ")]
+    assert [r.split(":")[0] for r in rows] == ["P = 1", "P = 2"]
+    assert all("projected" in r and "exchange" in r for r in rows)
+    assert "exchange 0.0 ms (0.00 GB)" in rows[0]  # one rank exchanges nothing
