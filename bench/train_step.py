@@ -14,7 +14,8 @@ a 512-token caption, so F latent frames are 2 x 880 x F tokens. ``--blocks`` of 
 linears and the unmasked attention pairs x 3 (``train/flops.py``) against the H200's 989 TFLOP/s
 dense BF16 datasheet figure. Median of ``--steps`` timed steps after two warm-up steps.
 ``--ac compiler:B`` is ``train_ar.activation_checkpointing: compiler`` with ``ac_budget: B`` (it needs
-``--compile 1``).
+``--compile 1``); ``--ac budget:G`` is ``activation_checkpointing: budget`` with ``ac_memory_limit_gib: G``
+(``budget`` alone: 0.9 of the GPU's memory), each window length planned when it first runs.
 """
 from __future__ import annotations
 
@@ -74,10 +75,11 @@ def profile_step(trainer: Trainer, path: Path) -> None:
 
 
 def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attention: str, rows: list[dict]) -> None:
-    mode, _, budget = ac.partition(":")
+    mode, _, value = ac.partition(":")
     cfg = TrainARConfig(model="bench", init="tiny", steps=10**6, grad_accum=1, chunk_frames=8,
                         max_latent_frames=max(args.frames), activation_checkpointing=mode,
-                        ac_budget=float(budget or TrainARConfig.ac_budget), compile=compiled,
+                        ac_budget=float(value) if mode == "compiler" and value else TrainARConfig.ac_budget,
+                        ac_memory_limit_gib=float(value) if mode == "budget" and value else None, compile=compiled,
                         precision=dataclasses.replace(TrainARConfig().precision, recipe=recipe),
                         parallel=ParallelConfig(device="cuda"),
                         val_every=0, ema=dataclasses.replace(TrainARConfig().ema, start_step=0), attention=attention)
@@ -117,6 +119,9 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
                         "mfu": round(flops / step_s / 1e12 / PEAK_BF16_TFLOPS["H200"], 4),
                         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "loss": round(loss, 4),
                         "spread_ms": round((max(times) - min(times)) * 1000, 1)})
+            if trainer.planner is not None:  # the plan's prediction beside the measured peak
+                row.update({k: round(v, 3) for k, v in trainer.planner.summary().items()
+                            if k.endswith(f"_{frames}f") or k == "ac_limit_gib"})
         except torch.OutOfMemoryError:
             row["error"] = "out of memory"
             trainer.optimizer.zero_grad(set_to_none=True)

@@ -57,7 +57,11 @@ def prepare(params: dict[str, Any]) -> Prepared:
     cfg = stage_config(TrainARConfig, STAGE, params)
     latents = stage_config(EncodeLatentsConfig, "encode_latents", params)
     if not under_torchrun():  # each rank checks its own GPU once started
-        pick_device(cfg.parallel.device, f"{STAGE}.device")
+        device = pick_device(cfg.parallel.device, f"{STAGE}.device")
+        if cfg.activation_checkpointing == "budget":
+            from longlive_core.distributed.ac_budget import require_limit
+
+            require_limit(cfg.ac_memory_limit_gib, device, f"{STAGE}.ac_memory_limit_gib")
     if cfg.init != "tiny":
         try:
             check_dit_weights(cfg.init)

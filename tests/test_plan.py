@@ -90,3 +90,18 @@ def test_cli_prints_every_stage_and_what_the_total_leaves_out(capsys):
     assert "emulated NVFP4 with full activation checkpointing" in out
     assert "not in the total (no measured rate): merge_w4a4, package" in out
     assert main(["--videos", "0", "--gpus", "32"]) == 2
+
+
+def test_the_budget_planner_has_no_stand_in_rate(params):
+    """No other policy's rate is used for `activation_checkpointing: budget`: it is measured per memory limit."""
+    t = {**params["train_ar"], "activation_checkpointing": "budget", "ac_memory_limit_gib": 47}
+    rates = [_rate("train_ar", "h200", 446.0, "TFLOP/s", variant=f"{t['precision']['recipe']}+compiler0.2-ac"),
+             _rate("train_ar", "h200", 300.0, "TFLOP/s", variant=f"{t['precision']['recipe']}+full-ac")]
+    e = estimate("train_ar", {**params, "train_ar": t}, Workload(videos=1, gpus=32), rates)
+    assert e.hours is None and f"({t['precision']['recipe']}+budget47GiB-ac)" in e.missing
+    assert "bench/train_step.py --ac budget:<GiB>" in e.missing
+    measured = _rate("train_ar", "h200", 480.0, "TFLOP/s", variant=f"{t['precision']['recipe']}+budget47GiB-ac")
+    assert estimate("train_ar", {**params, "train_ar": t}, Workload(videos=1, gpus=32), [measured]).hours > 0
+    t["ac_memory_limit_gib"] = None
+    e = estimate("train_ar", {**params, "train_ar": t}, Workload(videos=1, gpus=32), rates)
+    assert e.hours is None and "+budget0.9x-ac" in e.missing

@@ -134,3 +134,22 @@ def test_torchrun_command(monkeypatch):
     monkeypatch.setenv(RDZV_ENV, "node0:29500")
     many = torchrun_command("tasks.train_ar", 2, 4, rdzv_id="job7")
     assert "--nnodes=2" in many and "--rdzv_endpoint=node0:29500" in many and "--rdzv_id=job7" in many
+
+
+def test_the_budget_policy_wraps_every_block_with_its_kinds_plan():
+    """``budget``: each block wrapped as ``selective`` is, its context naming the planner and the
+    block's kind (a partial over constants: what torch.compile accepts); one probe copy per kind,
+    before sharding; without a planner it is refused."""
+    from longlive_core.distributed.ac_budget import BudgetCheckpointing, block_kind
+    from longlive_core.distributed.parallelize import ParallelizePlan, parallelize_dit
+
+    model = WanDiT(DIT_CONFIGS["tiny"])
+    budget = BudgetCheckpointing()
+    apply_activation_checkpointing(model, "budget", budget)
+    kind = block_kind(model.blocks[0]._checkpoint_wrapped_module)
+    assert dict(budget.counts) == {kind: len(model.blocks)} and list(budget.probes) == [kind]
+    context_fn = model.blocks[1].checkpoint_fn.keywords["context_fn"]
+    assert context_fn.args == (budget.number, kind)
+    with pytest.raises(ValueError, match="budget needs the trainer's BudgetCheckpointing"):
+        parallelize_dit(WanDiT(DIT_CONFIGS["tiny"]), None, ParallelizePlan(activation_checkpointing="budget"),
+                        torch.device("cpu"))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -25,7 +27,7 @@ from longlive_core.models.wan_dit import WanDiT
 from longlive_core.quant.recipe import ConversionReport, convert_linears, set_amax_group
 
 WRAPPED = "_checkpoint_wrapped_module."  # what checkpoint_wrapper puts in parameter names
-AC_MODES = ("none", "full", "selective", "compiler")
+AC_MODES = ("none", "full", "selective", "compiler", "budget")
 
 
 def clean_name(name: str) -> str:
@@ -59,6 +61,14 @@ def parallel_dims(cfg: ParallelConfig, device_type: str, stage: str) -> Parallel
                         mesh.get_group("dp"), fsdp)
 
 
+class BlockCheckpointing(Protocol):
+    """Per-block selective checkpointing decided outside this module (``activation_checkpointing:
+    budget``: ``ac_budget.BudgetCheckpointing``, whose plans come from profiling the blocks)."""
+
+    def contexts_for(self, block: nn.Module) -> Callable:
+        """The ``context_fn`` of ``block``'s checkpoint wrapper (called before the block is sharded)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ParallelizePlan:
     """What ``parallelize_dit`` applies. ``recipe`` None: the linears are left as they are (a role
@@ -68,10 +78,11 @@ class ParallelizePlan:
     skip: tuple[str, ...] = ()  # globs of linear layers the recipe keeps in high precision
     keep_last_blocks: int = 0
     attention: str | None = None  # rows | flex
-    activation_checkpointing: str = "none"  # none | full | selective | compiler (compiled blocks only)
+    activation_checkpointing: str = "none"  # none | full | selective | compiler (compiled blocks only) | budget
     ac_budget: float = 1.0  # compiler: the share of the activations the partitioner may keep (1.0: all)
     compile: bool = False
     param_dtype: torch.dtype = torch.bfloat16  # FSDP's gathered compute copy
+    budget: BlockCheckpointing | None = None  # activation_checkpointing budget: the policies (the trainer plans them)
 
 
 def parallelize_dit(model: WanDiT, dims: ParallelDims, plan: ParallelizePlan, device: torch.device
@@ -80,14 +91,20 @@ def parallelize_dit(model: WanDiT, dims: ParallelDims, plan: ParallelizePlan, de
     if plan.activation_checkpointing == "compiler" and not plan.compile:
         raise ConfigError("activation_checkpointing: compiler is the compiler's own recomputation: it needs compile: "
                           "true (or choose full or selective)")
+    if plan.activation_checkpointing == "budget" and plan.budget is None:
+        raise ValueError("activation_checkpointing: budget needs the trainer's BudgetCheckpointing (plan.budget)")
     report = None
     if plan.recipe is not None:
         report = convert_linears(model, plan.recipe, skip=plan.skip, keep_last_blocks=plan.keep_last_blocks)
     if plan.attention is not None:
         apply_attention(model, plan.attention, device)
     apply_sequence_parallel(model, dims.shard)
-    apply_activation_checkpointing(model, plan.activation_checkpointing)
+    apply_activation_checkpointing(model, plan.activation_checkpointing, plan.budget)
     if plan.compile:
+        if plan.activation_checkpointing == "budget":
+            # a block's compiled code is reused across models with the same block code and shapes, and
+            # the policy it traced with is another model's plan: this model's blocks trace their own
+            torch._dynamo.reset()
         apply_compile(model, plan.ac_budget if plan.activation_checkpointing == "compiler" else 1.0)
     model.to(device)
     apply_fsdp(model, dims.fsdp_mesh, plan.param_dtype)
@@ -121,15 +138,19 @@ def _selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def apply_activation_checkpointing(model: WanDiT, mode: str) -> None:
+def apply_activation_checkpointing(model: WanDiT, mode: str, budget: BlockCheckpointing | None = None) -> None:
     """none | full (each block's activations recomputed in backward) | selective (op-level: keeps
     matmul and attention outputs, every second matmul's excepted, and recomputes the rest) |
-    compiler (no wrappers: the compiled blocks' partitioner recomputes under ``apply_compile``'s budget)."""
+    compiler (no wrappers: the compiled blocks' partitioner recomputes under ``apply_compile``'s budget) |
+    budget (op-level, what ``budget``'s plan for the block says)."""
     if mode in ("none", "compiler"):
         return
     for i, block in enumerate(model.blocks):
         if mode == "full":
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+        elif mode == "budget":
+            model.blocks[i] = checkpoint_wrapper(block, context_fn=budget.contexts_for(block),
+                                                 preserve_rng_state=False)
         else:
             model.blocks[i] = checkpoint_wrapper(block, context_fn=_selective_context, preserve_rng_state=False)
 

@@ -80,6 +80,9 @@ def stage_work(stage: str, params: dict[str, Any], w: Workload) -> tuple[float, 
         ac = t.get("activation_checkpointing", "none")
         if ac == "compiler":  # the compiler's recomputation depends on its budget: a rate per budget
             ac = f"compiler{float(t.get('ac_budget', 0.5)):g}"
+        elif ac == "budget":  # the planner's on its memory limit: a rate per limit (GiB; null: 0.9 of the GPU's)
+            limit = t.get("ac_memory_limit_gib")
+            ac = "budget" + ("0.9x" if limit is None else f"{float(limit):g}GiB")
         return _train_tflop(params), "TFLOP", t["precision"]["recipe"] + ("" if ac == "none" else f"+{ac}-ac"), 1.0
     if stage == "distill_dmd":
         from longlive_core.models.config import dit_config
@@ -104,6 +107,8 @@ def estimate(stage: str, params: dict[str, Any], w: Workload, rates: list[Rate])
     if rate is None or rate.value is None:
         why = (rate.note if rate is not None and rate.note else
                f"no {stage} rate measured on {device}" + (f" ({variant})" if variant else ""))
+        if "+budget" in variant:  # no other policy's rate stands in for it
+            why += "; activation_checkpointing budget is measured per limit: bench/train_step.py --ac budget:<GiB>"
         return StageEstimate(stage, device, work, unit, rate, None, None, f"no measured rate: {why}")
     device_seconds = work / rate.per_device * factor
     parallel = w.cpu_cores if device == "cpu" else w.gpus

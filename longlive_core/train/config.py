@@ -125,7 +125,9 @@ class TrainARConfig:
     precision: PrecisionConfig = PrecisionConfig()
     error_recycling: ErrorRecyclingConfig = ErrorRecyclingConfig()
     activation_checkpointing: str = "none"  # none | full | selective (op-level) | compiler (compile's partitioner)
+    # | budget (op-level, planned from a profile of the blocks under ac_memory_limit_gib)
     ac_budget: float = 0.5  # compiler: the share of a compiled backward's activations kept (the rest recomputed)
+    ac_memory_limit_gib: float | None = None  # budget: the step's peak per device; null: 0.9 of the GPU's memory
     compile: bool = False  # torch.compile each block (after activation checkpointing, before FSDP)
     attention: str = "rows"  # self-attention: rows (the mask's dense rows on SDPA's fused kernels) | flex (GPUs)
     parallel: ParallelConfig = flat_section(ParallelConfig())  # nnodes, nproc, sp, sharding, device
@@ -139,8 +141,8 @@ class TrainARConfig:
     # what changes no number a checkpoint holds, only how the same math is scheduled, logged or kept
     # (the lineage records the schedule of each step range): a run resumes across a change of these
     RESUMABLE_ACROSS = ("steps", "val_every", "val_samples", "checkpoint", "log_every", "peak_tflops", "export_dtype",
-                        "parallel.device", "attention", "activation_checkpointing", "ac_budget", "compile",
-                        "precision.sqnr_every")
+                        "parallel.device", "attention", "activation_checkpointing", "ac_budget",
+                        "ac_memory_limit_gib", "compile", "precision.sqnr_every")
 
     def validate(self, where: str) -> None:
         if self.model not in DIT_CONFIGS:
@@ -154,14 +156,17 @@ class TrainARConfig:
                               f"chunk_frames ({self.chunk_frames}): windows end on a chunk boundary")
         if self.timestep_shift <= 0 or self.shot_rope_offset < 0 or self.val_every < 0 or self.val_samples < 0:
             raise ConfigError(f"{where}: timestep_shift must be > 0; shot_rope_offset, val_every, val_samples >= 0")
-        if self.activation_checkpointing not in ("none", "full", "selective", "compiler"):
-            raise ConfigError(f"{where}.activation_checkpointing must be none, full, selective or compiler; "
+        if self.activation_checkpointing not in ("none", "full", "selective", "compiler", "budget"):
+            raise ConfigError(f"{where}.activation_checkpointing must be none, full, selective, compiler or budget; "
                               f"got {self.activation_checkpointing!r}")
         if self.activation_checkpointing == "compiler" and not self.compile:
             raise ConfigError(f"{where}.activation_checkpointing: compiler is the compiler's own recomputation: set "
                               f"{where}.compile: true, or choose full or selective")
         if not 0 < self.ac_budget <= 1:
             raise ConfigError(f"{where}.ac_budget must be in (0, 1]; got {self.ac_budget}")
+        if self.ac_memory_limit_gib is not None and not self.ac_memory_limit_gib > 0:
+            raise ConfigError(f"{where}.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device) or null "
+                              f"(0.9 of the GPU's memory); got {self.ac_memory_limit_gib}")
         if self.attention not in ("rows", "flex"):
             raise ConfigError(f"{where}.attention must be rows or flex; got {self.attention!r}")
         if self.latent_source not in ("cache", "online"):

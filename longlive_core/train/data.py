@@ -114,11 +114,20 @@ class LatentSamples:
         """A sample id, drawn proportionally to its weight (assemble's bucket weights)."""
         return self.sample_ids[int(torch.multinomial(self.weights, 1, generator=generator))]
 
+    def window_length(self, sample_id: str, max_frames: int) -> int:
+        """Frames of the sample's windows: the longest whole number of ``align`` frames up to ``max_frames``."""
+        return min(self.frames(sample_id), max_frames) // self.align * self.align
+
+    def window_lengths(self, max_frames: int) -> list[int]:
+        """Every window length a draw can give (samples of weight 0 are never drawn)."""
+        return sorted({self.window_length(s, max_frames) for s, w in zip(self.sample_ids, self.weights.tolist())
+                       if w > 0})
+
     def window(self, sample_id: str, max_frames: int, generator: torch.Generator | None) -> tuple[int, int]:
-        """(start, end) frames of the sample's window: the longest whole number of ``align`` frames up to
-        ``max_frames``, at a chunk-aligned start drawn from ``generator`` (the first when it is None)."""
+        """(start, end) frames of the sample's window (``window_length``), at a chunk-aligned start drawn
+        from ``generator`` (the first when it is None)."""
         total = self.frames(sample_id)
-        length = min(total, max_frames) // self.align * self.align
+        length = self.window_length(sample_id, max_frames)
         n_windows = (total - length) // self.chunk + 1
         start = 0
         if n_windows > 1 and generator is not None:

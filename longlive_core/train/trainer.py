@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from longlive_core.config import ConfigError
 from longlive_core.devices import pick_device
+from longlive_core.distributed.ac_budget import BudgetCheckpointing, default_cache_dir
 from longlive_core.distributed.parallelize import ParallelDims, ParallelizePlan, parallel_dims, parallelize_dit
 from longlive_core.distributed.ulysses import WHOLE, SequenceShard
 from longlive_core.models.checkpoint import load_dit
@@ -30,6 +31,7 @@ from longlive_core.models.config import dit_config
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.quant.numerics import record_sqnr
 from longlive_core.quant.recipe import set_forward_high_precision
+from longlive_core.train.ac_planning import WindowPlanner
 from longlive_core.train.checkpointing import CheckpointStore
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.data import LatentSamples, TrainSample, generator_for, sample_weights
@@ -55,6 +57,7 @@ class TrainInputs:
     checkpoints: Path  # checkpoints/train_ar: a folder per run digest
     digest_components: dict[str, str] | None  # what a checkpoint must match to be resumed (rank 0's; None elsewhere)
     online: OnlineSource | None = None  # train_ar.latent_source online: the clips and the encoder
+    ac_plans: Path | None = None  # activation_checkpointing budget's plan cache; None: $XDG_CACHE_HOME/longlive/
 
 
 @dataclasses.dataclass
@@ -191,14 +194,24 @@ class Trainer:
                               f"chunk_frames; {self.train_set.too_short} too short): encode more data or lower "
                               "train_ar.chunk_frames or train_ar.sp")
         model = build_model(cfg)
-        check_inputs(model, self.train_set.load(self.train_set.sample_ids[0], align, None))
+        first = self.train_set.load(self.train_set.sample_ids[0], align, None)
+        check_inputs(model, first)
         p = cfg.precision
+        self.budget = BudgetCheckpointing() if cfg.activation_checkpointing == "budget" else None
         self.conversion = parallelize_dit(model, self.dims, ParallelizePlan(
             p.recipe, tuple(p.skip), p.keep_last_blocks, cfg.attention, cfg.activation_checkpointing, cfg.ac_budget,
-            cfg.compile, self.dtype), self.device)
+            cfg.compile, self.dtype, self.budget), self.device)
         self.model = model
         self.optimizer = cfg.optimizer.build(model.parameters(), self.device)
         self.ema = EMA(model, cfg.ema.decay, cfg.ema.start_step)
+        self.planner = None
+        if self.budget is not None:
+            _, _, h, w = first.latents.shape
+            _, ph, pw = model.cfg.patch_size
+            self.planner = WindowPlanner(self.budget, cfg, model, self.optimizer, self.ema.shadow, (h // ph, w // pw),
+                                         first.text.shape[1], self.device, self.dtype,
+                                         inputs.ac_plans or default_cache_dir())
+            self.planner.plan(self.train_set.window_lengths(cfg.max_latent_frames))
         self.store = CheckpointStore(inputs.checkpoints, cfg.checkpoint.keep_checkpoints, cfg.checkpoint.keep_runs,
                                      inputs.digest_components)
         er = cfg.error_recycling
@@ -240,6 +253,8 @@ class Trainer:
         for micro in range(cfg.grad_accum):
             following = self._train_key(step, micro + 1) if micro + 1 < cfg.grad_accum else self._train_key(step + 1, 0)
             batch = self._batch(self._train_key(step, micro), following)
+            if self.planner is not None:
+                self.planner.use(batch.sample.window_frames)
             loss, layout = sample_loss(self.model, batch, self.flow, cfg.chunk_frames, self.device, self.dtype,
                                        self.shard, self.recycler, step, cfg.seed)
             (loss / cfg.grad_accum).backward()
@@ -292,6 +307,8 @@ class Trainer:
         """Throughput and MFU from the step's time, the learning rate, peak memory, and the validation
         loss every ``val_every`` steps and at the last."""
         cfg = self.cfg
+        if self.planner is not None:
+            self.planner.check_peak(done)
         flops, tokens = metrics.pop("flops"), metrics.pop("tokens")
         out = {**metrics, "lr": cfg.optimizer.lr, "tokens_per_s": tokens / seconds, "step_s": seconds,
                "tflops": flops / seconds / 1e12, "peak_memory_mb": peak_memory_mb(self.device)}
@@ -314,9 +331,9 @@ class Trainer:
         self.recycler.load_state_dict(tensors)
 
     def schedule(self) -> dict:
-        cfg = self.cfg
-        return {"activation_checkpointing": cfg.activation_checkpointing,
-                **({"ac_budget": cfg.ac_budget} if cfg.activation_checkpointing == "compiler" else {}),
+        cfg, ac = self.cfg, self.cfg.activation_checkpointing
+        return {"activation_checkpointing": ac, **({"ac_budget": cfg.ac_budget} if ac == "compiler" else {}),
+                **({"ac_memory_limit_gib": cfg.ac_memory_limit_gib} if ac == "budget" else {}),
                 "compile": cfg.compile,
                 "attention": cfg.attention, "device": self.device.type}
 
@@ -333,6 +350,8 @@ class Trainer:
                         "samples_train": len(self.train_set), "samples_val": len(self.val_set),
                         "samples_too_short": self.train_set.too_short + self.val_set.too_short,
                         "final_loss": self.last_loss, "final_val_loss": self.val_loss})
+        if self.planner is not None:
+            summary.update(self.planner.summary())
         summary["ema_state"] = self.ema.full_state_dict(keep=self.rank == 0)
         return summary
 

@@ -1,0 +1,159 @@
+"""Which activations a checkpointed block keeps under a memory limit (``activation_checkpointing:
+budget``): from a profile of one block's forward (``ac_profile``), the outputs to save that buy the
+most recomputation time for the bytes the limit leaves.
+
+An op's output is a candidate when the backward reads it and saving it holds storage of its own that
+no later op overwrites; saving it costs those bytes (every block of its kind holds them until its
+backward) and spares the op's own time in the recomputation. The rest of the forward is recomputed:
+a plan's recompute time is the forward's time less what it saves. That is the eager replay's cost;
+under compile the partitioner also drops recomputation nothing in the backward needs, so it is an
+upper bound there.
+
+The choice is a 0/1 knapsack, solved twice and the better kept: by dynamic programming over bytes
+counted in units of a quantum fixed by the profile (the candidates' common divisor, or a multiple of
+it that leaves at most ``GRID`` units; rounded up per item, so a plan never exceeds its limit) and
+by the greedy prefix in order of time per byte (exact bytes). Each answer is the best over every
+limit up to the one given (the table's "at most c" capacities; a longer prefix), so more memory
+never gives a slower plan. Times are counted in whole nanoseconds, so that holds exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+GRID = 16384  # the knapsack's units over all candidates at most: each ~0.006% of their bytes
+FORMAT = 1  # bumped when a profile or plan means something else: cached ones are then not read
+
+
+def _ns(seconds: float) -> int:
+    return int(round(seconds * 1e9))
+
+
+@dataclasses.dataclass(frozen=True)
+class OpCost:
+    id: str  # "aten.mm.default#3": the op and how many of it came before in the block's forward (ac_profile.OpCounter)
+    bytes: int  # new storage its outputs hold: what saving it keeps alive
+    seconds: float  # its time in the forward: what recomputing it costs
+    read: bool  # the backward reads one of its outputs
+    savable: bool = True  # it makes storage of its own that no later op writes in place
+
+    @property
+    def candidate(self) -> bool:
+        return self.read and self.savable and self.bytes > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockProfile:
+    ops: tuple[OpCost, ...]  # the counted ops, in forward order
+    forward_s: float  # the whole forward, ops that are not counted included
+    input_bytes: int  # the block's first input: the residual stream every block's checkpoint keeps
+    transient_bytes: int  # the most one block's forward and backward add at once (measured on CUDA; on
+    # the CPU, which has no allocator statistics, every output's bytes: an upper bound)
+    device: str
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> BlockProfile:
+        fields = {k: v for k, v in d.items() if k != "format"}
+        return cls(**{**fields, "ops": tuple(OpCost(**op) for op in d["ops"])})
+
+
+@dataclasses.dataclass(frozen=True)
+class ACPlan:
+    saved: tuple[str, ...]  # op ids whose outputs a block keeps (MUST_SAVE); everything else is recomputed
+    saved_bytes: int  # what one block holds for its backward
+    recompute_s: float  # predicted recomputation per block (the forward less what is saved)
+    forward_s: float
+    limit_bytes: int  # what this kind's blocks could hold together
+
+    @property
+    def recompute_fraction(self) -> float:
+        return self.recompute_s / self.forward_s if self.forward_s > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> ACPlan:
+        fields = {k: v for k, v in d.items() if k != "format"}
+        return cls(**{**fields, "saved": tuple(d["saved"])})
+
+
+def plan_block(profile: BlockProfile, limit_bytes: int) -> ACPlan:
+    """The plan of one block that may hold ``limit_bytes`` for its backward."""
+    return plan_blocks({"block": profile}, {"block": 1}, limit_bytes)["block"]
+
+
+def plan_blocks(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], limit_bytes: int
+                ) -> dict[str, ACPlan]:
+    """A plan per block kind, the ``counts[kind]`` blocks of each kind together holding at most
+    ``limit_bytes`` (one knapsack over every kind's candidates: a kind with more blocks pays more
+    per saved output and gains more)."""
+    kinds = sorted(profiles)
+    items = [(kind, op) for kind in kinds for op in profiles[kind].ops if op.candidate]
+    weights = [op.bytes * counts[kind] for kind, op in items]
+    values = [_ns(op.seconds) * counts[kind] for kind, op in items]
+    chosen = _best(weights, values, max(0, int(limit_bytes)))
+    plans = {}
+    for kind in kinds:
+        ops = [op for i, (k, op) in enumerate(items) if i in chosen and k == kind]
+        p = profiles[kind]
+        forward = _ns(p.forward_s)
+        recompute = max(0, forward - sum(_ns(op.seconds) for op in ops))
+        plans[kind] = ACPlan(tuple(op.id for op in ops), sum(op.bytes for op in ops), recompute / 1e9, forward / 1e9,
+                             int(limit_bytes))
+    return plans
+
+
+def _best(weights: list[int], values: list[int], limit: int) -> set[int]:
+    """The item indices of the better of the two solutions (the larger saved time; then the fewer
+    bytes)."""
+    table, greedy = _by_table(weights, values, limit), _by_greedy_prefix(weights, values, limit)
+
+    def rank(chosen: set[int]) -> tuple[int, int]:
+        return sum(values[i] for i in chosen), -sum(weights[i] for i in chosen)
+
+    return max((table, greedy), key=rank)
+
+
+def _by_greedy_prefix(weights: list[int], values: list[int], limit: int) -> set[int]:
+    """The longest prefix, in order of time per byte, that fits: a larger limit only lengthens it."""
+    order = sorted(range(len(weights)), key=lambda i: (-values[i] / weights[i], i))
+    chosen, used = set(), 0
+    for i in order:
+        if used + weights[i] > limit:
+            break
+        chosen.add(i)
+        used += weights[i]
+    return chosen
+
+
+def _by_table(weights: list[int], values: list[int], limit: int) -> set[int]:
+    """0/1 knapsack by dynamic programming over quantised bytes; best[c] is the most time any set of
+    at most c units saves, so it never decreases in c."""
+    if not weights:
+        return set()
+    common = math.gcd(*weights)  # tensors' bytes share factors: exact where that leaves few units
+    quantum = common * max(1, math.ceil(sum(weights) // common / GRID))
+    units = [math.ceil(w / quantum) for w in weights]
+    capacity = min(sum(units), limit // quantum)
+    best = np.zeros(capacity + 1, dtype=np.int64)
+    take = np.zeros((len(units), capacity + 1), dtype=bool)
+    for i, (u, v) in enumerate(zip(units, values)):
+        if u > capacity:
+            continue
+        with_item = best[:capacity + 1 - u] + v
+        better = with_item > best[u:]
+        take[i, u:] = better
+        best[u:] = np.where(better, with_item, best[u:])
+    chosen, c = set(), capacity
+    for i in range(len(units) - 1, -1, -1):
+        if take[i, c]:
+            chosen.add(i)
+            c -= units[i]
+    return chosen

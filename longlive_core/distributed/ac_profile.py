@@ -1,0 +1,201 @@
+"""One block's forward and backward, op by op (the planner's input, ``ac_plan.BlockProfile``): each
+aten op's id, the new storage its outputs hold, its time, and whether the backward reads it.
+
+Ops are named the way the selective-checkpointing policy names them when it applies a plan
+(``OpCounter``): the op overload and how many of it came before in the block's forward, counting
+only ops with a floating-point tensor input. Index arithmetic and masks (a per-sample cross-attention
+mask, FlexAttention's block mask built on a block's first call) are left out of the count, so they
+do not shift the ids of the ops that matter; they are never saved.
+
+Bytes are counted by storage: an output that is a view of an input, a parameter or an earlier output
+costs nothing; an op's cost is the storage it creates, all of its outputs' (selective checkpointing
+keeps them all). The backward's reads are the storages ``saved_tensors_hooks`` sees packed. An op
+whose storage a later op writes in place is not savable (selective checkpointing refuses a cached
+tensor that changed). Times: on CUDA each op between two events after a synchronize (the first pass
+is a warm-up: lazy initialisation, autotuning); on the CPU with ``perf_counter`` (for tests only).
+Work that does not go through the dispatcher (a Triton kernel launched from Python) is invisible
+here: its time is counted nowhere and its outputs, made by an uncounted ``empty``, are never saved.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.utils.checkpoint as checkpoint_module
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from longlive_core.distributed.ac_plan import BlockProfile, OpCost
+
+# the ops selective checkpointing never asks its policy about (detach: a different count in forward
+# and recomputation); the profile skips the same ones so that both count alike
+IGNORED = getattr(checkpoint_module, "SAC_IGNORED_OPS", {torch.ops.aten.detach.default})
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+class OpCounter:
+    """Names the ops of one forward, in order: ``"<overload>#<k>"``, k counting that overload's earlier
+    counted ops; None for an op that is not counted (no floating-point tensor input)."""
+
+    def __init__(self):
+        self.seen: collections.Counter = collections.Counter()
+
+    def __call__(self, func, args, kwargs) -> str | None:
+        if func in IGNORED or not any(t.is_floating_point() for t in _tensors((args, kwargs))):
+            return None
+        name = str(func)
+        k = self.seen[name]
+        self.seen[name] += 1
+        return f"{name}#{k}"
+
+
+class _Clock:
+    """Times ops: CUDA events after a synchronize (read once the pass is over), or perf_counter."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def start(self):
+        if not self.cuda:
+            return time.perf_counter()
+        torch.cuda.synchronize()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, start):
+        if not self.cuda:
+            return time.perf_counter() - start
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        return start, end
+
+    def seconds(self, mark) -> float:
+        if not self.cuda:
+            return mark
+        start, end = mark
+        return start.elapsed_time(end) / 1000.0
+
+
+def _written(func, args, kwargs) -> list[torch.Tensor]:
+    """The tensor arguments an op writes in place (its schema's mutable aliases)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+        out += _tensors(value)
+    return out
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every op of a forward without keeping any tensor alive (storages by weak reference)."""
+
+    def __init__(self, known: set[StorageWeakRef], clock: _Clock):
+        super().__init__()
+        self.known, self.clock = known, clock
+        self.counter = OpCounter()
+        self.ops: list[dict] = []  # id, bytes, time mark, own storages, savable
+        self.creator: dict[StorageWeakRef, int] = {}  # storage -> index of the op that made it
+        self.read: set[StorageWeakRef] = set()  # storages the backward saved
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:  # as selective checkpointing's modes: compiled code is one op
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op_id = self.counter(func, args, kwargs)
+        mark = self.clock.start()
+        out = func(*args, **kwargs)
+        mark = self.clock.stop(mark)
+        for t in _written(func, args, kwargs):
+            made_by = self.creator.get(StorageWeakRef(t.untyped_storage()))
+            if made_by is not None:
+                self.ops[made_by]["savable"] = False
+        own, nbytes = [], 0
+        for t in _tensors(out):
+            ref = StorageWeakRef(t.untyped_storage())
+            if ref in self.known or ref in self.creator:
+                continue
+            self.creator[ref] = len(self.ops)
+            own.append(ref)
+            nbytes += t.untyped_storage().nbytes()
+        self.ops.append({"id": op_id, "bytes": nbytes, "mark": mark, "own": own, "savable": bool(own)})
+        return out
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        self.read.add(StorageWeakRef(t.untyped_storage()))
+        return t
+
+
+def _backward(out) -> None:
+    outs = [t for t in _tensors(out) if t.requires_grad]
+    torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+
+
+def profile_block(block: torch.nn.Module, args: tuple, kwargs: Mapping | None = None,
+                  costs: Mapping[str, float] | None = None) -> BlockProfile:
+    """One forward and backward of ``block(*args, **kwargs)`` (after one of warm-up), recorded op by
+    op; ``costs`` (op id -> seconds) replaces measured times (tests). The block's gradients and the
+    inputs' are left as they were; the caller keeps the global RNG apart if the backward draws from
+    it (``torch.random.fork_rng``)."""
+    kwargs = dict(kwargs or {})
+    params = [p for p in block.parameters()]
+    device = params[0].device if params else _tensors(args)[0].device
+    grads = [(t, t.grad) for t in params + _tensors((args, kwargs)) if t.requires_grad]
+    _backward(block(*args, **kwargs))
+    known = {StorageWeakRef(t.untyped_storage())
+             for t in _tensors((args, kwargs)) + params + list(block.buffers())}
+    clock = _Clock(device)
+    recorder = _Recorder(known, clock)
+    if clock.cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), recorder:
+        out = block(*args, **kwargs)
+    _backward(out)
+    del out
+    transient = 0
+    if clock.cuda:
+        torch.cuda.synchronize()
+        transient = torch.cuda.max_memory_allocated() - base
+    for t, g in grads:
+        t.grad = g
+    costs = dict(costs or {})
+    ops, forward = [], 0.0
+    for op in recorder.ops:
+        seconds = costs.get(op["id"], clock.seconds(op["mark"])) if op["id"] is not None else clock.seconds(op["mark"])
+        forward += seconds
+        if op["id"] is not None:
+            ops.append(OpCost(op["id"], op["bytes"], seconds, any(r in recorder.read for r in op["own"]),
+                              op["savable"]))
+    if not clock.cuda:
+        transient = sum(op.bytes for op in ops)
+    first = _tensors(args)[0]
+    return BlockProfile(tuple(ops), forward, first.untyped_storage().nbytes(), transient, str(device))
+
+
+def counted_policy(saved: frozenset[str]) -> Callable:
+    """A selective-checkpointing policy that keeps the outputs of the ops ``saved`` names (ids as
+    the profile gives them) and lets everything else be recomputed. Forward and recomputation count
+    apart (older torch asks the policy again while recomputing; newer only in the forward)."""
+    counters = {False: OpCounter(), True: OpCounter()}
+
+    def policy(ctx, func, *args, **kwargs):
+        op_id = counters[bool(ctx.is_recompute)](func, args, kwargs)
+        if op_id is not None and op_id in saved:
+            return checkpoint_module.CheckpointPolicy.MUST_SAVE
+        return checkpoint_module.CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy

@@ -1,0 +1,234 @@
+"""``activation_checkpointing: budget`` for train_ar: a plan per window length the run can draw
+(``LatentSamples.window_lengths``: production's windows are 64 or 96 latent frames), made when the
+trainer starts from a profile of one block of each kind at that window's shapes, and chosen per
+micro-batch by its window.
+
+The limit is the step's peak on one device (``ac_memory_limit_gib``; null: 0.9 of the GPU's
+memory). Outside what a plan keeps, a step holds (``StepMemory``): what is resident when planning
+starts (parameter shards, the EMA), the float32 gradient shards, AdamW's two moments (made at the
+first optimizer step), FSDP's buffers (two blocks' gathered compute copies, one block's unsharded
+float32 gradients, the root's gathered parameters); and per window every block's input (the
+residual stream each checkpoint keeps), one block's forward and backward at once (the profile's
+transient: the block in backward recomputes what it did not keep) and the activations outside the
+blocks (the embedding's output, the head's float32 copies). That is what a ``full`` step keeps, the
+floor; what the limit leaves above it the knapsack shares among the blocks. After every step the
+measured peak (on CUDA, the world's largest) is checked against the limit.
+
+Profiles run on every rank at once (sequence parallelism's all-to-all is inside a block) and rank
+0's profile and plan are every rank's: the ranks of a group must recompute the same collectives.
+Plans are cached on rank 0's disk by what they depend on. A window no plan covers (a one-rank run
+whose ``max_latent_frames`` changed, as the benchmark does) is planned when it first comes; on more
+ranks it runs as ``full`` does, with a warning. Profiling forks the RNG, and runs on a copy of a
+block: it changes no number of the run.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, check_peak, memory_limit
+from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
+from longlive_core.distributed.ac_profile import profile_block
+from longlive_core.models.rope import rope_cos_sin
+from longlive_core.models.wan_dit import WanDiT
+from longlive_core.train.checkpointing import agree
+from longlive_core.train.config import TrainARConfig
+from longlive_core.train.layout import TeacherForcingLayout
+
+log = logging.getLogger(__name__)
+KEY = "train_ar.ac_memory_limit_gib"
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _bytes(tensors) -> int:
+    return sum(_local(t).numel() * t.element_size() for t in tensors)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+    """Bytes a step holds whatever the window (see the module's docstring)."""
+
+    resident: int
+    grads: int
+    optimizer: int
+    fsdp: int
+
+    @property
+    def total(self) -> int:
+        return self.resident + self.grads + self.optimizer + self.fsdp
+
+
+def step_memory(model: WanDiT, optimizer: torch.optim.Optimizer, ema: dict[str, torch.Tensor], dtype: torch.dtype,
+                device: torch.device) -> StepMemory:
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    if device.type == "cuda":
+        resident = torch.cuda.memory_allocated(device)
+    else:  # no allocator statistics: the shards and the EMA
+        resident = _bytes(params) + _bytes(ema.values()) + _bytes(model.buffers())
+    grads = _bytes(trainable)
+    in_blocks = {id(p) for p in model.blocks.parameters()}
+    block = max(sum(p.numel() for p in b.parameters()) for b in model.blocks)  # the largest, whole (DTensor.numel)
+    root = sum(p.numel() for p in params if id(p) not in in_blocks)
+    fsdp = (2 * block + root) * dtype.itemsize + 4 * block  # gathered copies; one block's float32 gradients
+    return StepMemory(resident, grads, 0 if optimizer.state else 2 * grads, fsdp)
+
+
+def block_inputs(model: WanDiT, layout: TeacherForcingLayout, grid: tuple[int, int], dtype: torch.dtype,
+                 device: torch.device) -> tuple:
+    """A block's arguments for one sample of ``layout`` on this rank (as ``WanDiT.forward`` passes them),
+    one caption, random values from the (forked) global RNG."""
+    cfg, f = model.cfg, layout.local_frames
+    n = 2 * f * layout.tokens_per_frame
+    x = torch.randn(1, n, cfg.dim, device=device, dtype=dtype).requires_grad_()
+    context = torch.randn(1, layout.text_tokens, cfg.dim, device=device, dtype=dtype).requires_grad_()
+    t_mod = (torch.randn(1, 2 * f, 6, cfg.dim, device=device) / cfg.dim**0.5).requires_grad_()
+    rope = rope_cos_sin(cfg.rope_dims, layout.frame_positions(torch.arange(f, device=device)), *grid, cfg.rope_theta)
+    return x, context, t_mod, 2 * f, rope, layout.self_mask(), model.attention_fn
+
+
+class WindowPlanner:
+    """The budget plans of one trainer: ``plan`` (collective), ``use`` per micro-batch, ``check_peak``
+    after each step, ``summary`` for MLflow."""
+
+    def __init__(self, budget: BudgetCheckpointing, cfg: TrainARConfig, model: WanDiT, optimizer, ema: dict,
+                 grid: tuple[int, int], text_tokens: int, device: torch.device, dtype: torch.dtype,
+                 cache_dir: Path):
+        self.budget, self.cfg, self.model = budget, cfg, model
+        self.grid, self.text_tokens, self.device, self.dtype = grid, text_tokens, device, dtype
+        self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
+        self.memory = step_memory(model, optimizer, ema, dtype, device)
+        self.cache = PlanCache(cache_dir)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.report: dict[int, dict] = {}
+        self.measured = 0
+        self._carried = 0  # the peak before a planning reset it (a window planned between steps)
+        self._warned: set[int] = set()
+        self._on_device = False
+        for probe in budget.probes.values():  # as FSDP gathers them: parameters in the compute dtype
+            for p in probe.parameters():
+                p.data = p.data.to(dtype)
+
+    def _key(self, window: int) -> dict:
+        cfg, p = self.cfg, self.cfg.precision
+        return {"dit": dataclasses.asdict(self.model.cfg), "kinds": dict(sorted(self.budget.counts.items())),
+                "window": window, "chunk": cfg.chunk_frames, "grid": list(self.grid), "text_tokens": self.text_tokens,
+                "sp": cfg.sp, "world": self.world, "sharding": cfg.parallel.sharding, "dtype": str(self.dtype),
+                "recipe": [p.recipe, list(p.skip), p.keep_last_blocks], "attention": cfg.attention,
+                "compile": cfg.compile, "torch": torch.__version__, "limit": self.limit,
+                "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+                # what is measured resident varies a little between runs of the same config
+                "memory": [self.memory.resident // 2**26, self.memory.grads, self.memory.optimizer, self.memory.fsdp]}
+
+    def _profiles(self, layout: TeacherForcingLayout) -> dict[str, BlockProfile]:
+        cuda = self.device.type == "cuda"
+        if not self._on_device:
+            for probe in self.budget.probes.values():
+                probe.to(self.device)
+            self._on_device = True
+        with torch.random.fork_rng(devices=[self.device] if cuda else []), \
+                (torch.cuda.device(self.device) if cuda else contextlib.nullcontext()):
+            torch.random.default_generator.manual_seed(0)
+            if cuda:  # this device's generator alone (manual_seed would touch every GPU's)
+                torch.cuda.manual_seed(0)
+            args = block_inputs(self.model, layout, self.grid, self.dtype, self.device)
+            return {kind: profile_block(probe, args) for kind, probe in sorted(self.budget.probes.items())}
+
+    def _plan_window(self, window: int) -> dict:
+        layout = TeacherForcingLayout(window, self.cfg.chunk_frames, self.grid[0] * self.grid[1], self.text_tokens,
+                                      self.cfg.sp)
+        key = self._key(window)
+        entry = agree(self.cache.get(key) if self.rank == 0 else None)
+        if entry is not None:
+            return entry
+        profiles = agree({k: p.to_json() for k, p in self._profiles(layout).items()})
+        profiles = {k: BlockProfile.from_json(p) for k, p in profiles.items()}
+        counts = self.budget.counts
+        n = 2 * layout.local_frames * layout.tokens_per_frame
+        outside = n * self.model.cfg.dim * (8 + self.dtype.itemsize)
+        floor = (self.memory.total + sum(counts.values()) * max(p.input_bytes for p in profiles.values())
+                 + max(p.transient_bytes for p in profiles.values()) + outside)
+        plans = plan_blocks(profiles, counts, self.limit - floor)
+        kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
+        entry = {"profiles": {k: p.to_json() for k, p in profiles.items()},
+                 "plans": {k: p.to_json() for k, p in plans.items()},
+                 "floor": floor, "kept": kept, "predicted_peak": floor + kept,
+                 "recompute_s": sum(counts[k] * plans[k].recompute_s for k in plans),
+                 "forward_s": sum(counts[k] * plans[k].forward_s for k in plans),
+                 "candidates": sum(sum(op.candidate for op in p.ops) for p in profiles.values()),
+                 "saved": sum(len(p.saved) for p in plans.values())}
+        if self.rank == 0:
+            self.cache.put(key, entry)
+        return entry
+
+    def plan(self, windows: list[int], carry_peak: bool = False) -> None:
+        """Plans every window of ``windows`` not planned yet (collective: every rank calls it alike)."""
+        todo = [w for w in windows if w not in self.budget.plans]
+        if not todo:
+            return
+        cuda = self.device.type == "cuda"
+        if cuda and carry_peak:
+            self._carried = max(self._carried, torch.cuda.max_memory_allocated(self.device))
+        for window in todo:
+            entry = self._plan_window(window)
+            self.budget.plans[window] = {k: ACPlan.from_json(p) for k, p in entry["plans"].items()}
+            self.report[window] = entry
+            if entry["predicted_peak"] > self.limit:
+                log.warning("%s: %d-frame windows need %.2f GiB with every activation recomputed, above the limit "
+                            "of %.2f GiB: nothing is kept (raise the limit, or use more sequence-parallel ranks)",
+                            KEY, window, entry["floor"] / 2**30, self.limit / 2**30)
+            log.info("%s: %d-frame windows keep %d of %d candidate outputs per block, %.2f GiB in all, recompute "
+                     "%.0f%% of the forward; predicted peak %.2f GiB of %.2f", KEY, window, entry["saved"],
+                     entry["candidates"], entry["kept"] / 2**30,
+                     100 * entry["recompute_s"] / max(entry["forward_s"], 1e-12), entry["predicted_peak"] / 2**30,
+                     self.limit / 2**30)
+        if self.world > 1:  # no later planning: the copies' memory goes back
+            self.budget.probes.clear()
+        elif self._on_device:
+            for probe in self.budget.probes.values():
+                probe.to("cpu")
+            self._on_device = False
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def use(self, window: int) -> None:
+        """Before a micro-batch of ``window`` frames: its plan (made now on one rank when missing)."""
+        if window not in self.budget.plans and self.world == 1 and self.budget.probes:
+            self.plan([window], carry_peak=True)
+        if not self.budget.use(window) and window not in self._warned:
+            self._warned.add(window)
+            log.warning("%s: no plan for %d-frame windows (not in the latent index when training started): they "
+                        "recompute every activation, as full does", KEY, window)
+
+    def check_peak(self, step: int) -> None:
+        """Collective on CUDA: the world's largest peak so far against the limit (an error above it)."""
+        if self.device.type != "cuda":
+            return
+        peak = torch.tensor([float(max(self._carried, torch.cuda.max_memory_allocated(self.device)))],
+                            dtype=torch.float64, device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        self.measured = int(peak.item())
+        predicted = max((e["predicted_peak"] for e in self.report.values()), default=None)
+        check_peak(self.measured, self.limit, predicted, KEY, step)
+
+    def summary(self) -> dict[str, float]:
+        """MLflow's numbers: the limit, and per window the bytes kept, the share of the forward
+        recomputed and the predicted peak; the measured peak (CUDA)."""
+        out = {"ac_limit_gib": self.limit / 2**30}
+        for window, e in sorted(self.report.items()):
+            out[f"ac_kept_gib_{window}f"] = e["kept"] / 2**30
+            out[f"ac_recompute_fraction_{window}f"] = e["recompute_s"] / max(e["forward_s"], 1e-12)
+            out[f"ac_predicted_peak_gib_{window}f"] = e["predicted_peak"] / 2**30
+        if self.measured:
+            out["ac_measured_peak_gib"] = self.measured / 2**30
+        return out

@@ -1,0 +1,278 @@
+"""``activation_checkpointing: budget`` on the CPU (no compile): the planner saves what buys the most
+recomputation per byte and more memory never gives a slower plan; the policy changes no number; the
+bytes kept for the backward are the plan's; plans are cached, reused and made for a new window
+length; a bad setting is one line naming its key."""
+from __future__ import annotations
+
+import gc
+import inspect
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.checkpoint import checkpoint
+
+from longlive_core.config import ConfigError, from_mapping, load_params
+from longlive_core.distributed.ac_budget import BudgetCheckpointing, block_kind, check_peak, require_limit
+from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, plan_block, plan_blocks
+from longlive_core.distributed.ac_profile import profile_block
+from longlive_core.distributed.parallelize import apply_activation_checkpointing, clean_name
+from longlive_core.models.config import DIT_CONFIGS
+from longlive_core.models.wan_dit import WanDiT
+from longlive_core.train import ac_planning
+from longlive_core.train.ac_planning import block_inputs
+from longlive_core.train.config import TrainARConfig
+from longlive_core.train.layout import TeacherForcingLayout
+from longlive_core.train.trainer import Trainer, TrainInputs
+
+from .helpers.latent_cache import make_cache
+
+REPO = Path(__file__).resolve().parents[1]
+WINDOW = 4  # latent frames: a 2-chunk teacher-forcing sample of 4 tokens per frame
+LAYOUT = TeacherForcingLayout(WINDOW, 2, 4, 6)
+
+
+class Toy(nn.Module):
+    """Four candidate outputs: a wide linear and its GELU (4096 bytes each), a narrow linear and its
+    GELU (1024 bytes each)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 64), nn.Linear(64, 16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.c(nn.functional.gelu(self.b(nn.functional.gelu(self.a(x)))))
+
+
+def test_the_planner_saves_what_buys_the_most_recomputation_per_byte():
+    torch.manual_seed(0)
+    costs = {"aten.addmm.default#0": 1.0, "aten.gelu.default#0": 0.1,  # 244 and 24 us per byte
+             "aten.addmm.default#1": 0.5, "aten.gelu.default#1": 0.4}  # 488 and 391 us per byte
+    profile = profile_block(Toy(), (torch.randn(16, 8, requires_grad=True),), costs=costs)
+    by_id = {op.id: op for op in profile.ops if op.candidate}
+    assert {k: by_id[k].bytes for k in costs} == {"aten.addmm.default#0": 4096, "aten.gelu.default#0": 4096,
+                                                  "aten.addmm.default#1": 1024, "aten.gelu.default#1": 1024}
+    assert set(by_id) == set(costs)  # the output is not read by the backward, the views hold nothing new
+    saved = {limit: set(plan_block(profile, limit).saved) for limit in (1023, 2048, 4096, 6144, 10240)}
+    assert saved[1023] == set()
+    assert saved[2048] == {"aten.addmm.default#1", "aten.gelu.default#1"}  # the most time per byte
+    assert saved[4096] == {"aten.addmm.default#0"}  # 1.0 s beats 0.9 s for the same bytes
+    assert saved[6144] == {"aten.addmm.default#0", "aten.addmm.default#1", "aten.gelu.default#1"}
+    assert saved[10240] == set(costs)
+    plan = plan_block(profile, 2048)
+    assert plan.saved_bytes == 2048 and plan.recompute_s == pytest.approx(profile.forward_s - 0.9)
+    assert ACPlan.from_json(plan.to_json()) == plan and BlockProfile.from_json(profile.to_json()) == profile
+
+
+def tiny_block_profile(costs=None) -> tuple[BudgetCheckpointing, str, BlockProfile, tuple, tuple]:
+    torch.manual_seed(0)
+    model = WanDiT(DIT_CONFIGS["tiny"])
+    budget = BudgetCheckpointing()
+    block = model.blocks[0]
+    context_fn = budget.contexts_for(block)
+    kind = block_kind(block)
+    torch.manual_seed(1)
+    args = block_inputs(model, LAYOUT, (2, 2), torch.float32, torch.device("cpu"))
+    return budget, kind, profile_block(budget.probes[kind], args, costs=costs), (block, context_fn), args
+
+
+def test_more_memory_never_gives_a_slower_plan():
+    profiles = [tiny_block_profile()[2]]
+    rng = random.Random(0)  # and a profile with many items of every size and speed
+    profiles.append(BlockProfile(tuple(OpCost(f"op#{i}", rng.randint(1, 5000), rng.uniform(0, 1e-3), True)
+                                       for i in range(60)), 0.1, 1, 1, "cpu"))
+    for profile in profiles:
+        total = sum(op.bytes for op in profile.ops if op.candidate)
+        last = None
+        for limit in [*range(0, total, max(1, total // 300)), total]:
+            plan = plan_block(profile, limit)
+            assert plan.saved_bytes <= limit
+            assert last is None or plan.recompute_s <= last.recompute_s, (limit, plan, last)
+            last = plan
+        assert last.saved_bytes == total  # with room for all, it keeps every candidate
+
+
+def test_two_block_kinds_share_one_limit():
+    one = BlockProfile((OpCost("mm#0", 100, 1.0, True),), 2.0, 1, 1, "cpu")
+    other = BlockProfile((OpCost("mm#0", 100, 0.3, True),), 2.0, 1, 1, "cpu")
+    # three blocks of the first kind need 300 bytes for 3 s, one of the other 100 for 0.3 s
+    plans = plan_blocks({"a": one, "b": other}, {"a": 3, "b": 1}, 300)
+    assert plans["a"].saved == ("mm#0",) and plans["b"].saved == ()
+    assert plan_blocks({"a": one, "b": other}, {"a": 3, "b": 1}, 399)["b"].saved == ()
+
+
+def loss_and_grads(mode: str, limit_share: float = 0.5) -> tuple[torch.Tensor, dict, ACPlan | None]:
+    torch.manual_seed(0)
+    model = WanDiT(DIT_CONFIGS["tiny"])
+    budget = BudgetCheckpointing()
+    apply_activation_checkpointing(model, mode, budget)
+    plan = None
+    if mode == "budget":
+        args = block_inputs(model, LAYOUT, (2, 2), torch.float32, torch.device("cpu"))
+        profiles = {kind: profile_block(probe, args) for kind, probe in budget.probes.items()}
+        (kind,) = profiles
+        total = sum(op.bytes for op in profiles[kind].ops if op.candidate)
+        budget.plans[WINDOW] = plans = plan_blocks(profiles, budget.counts, int(limit_share * total * 2))
+        assert budget.use(WINDOW)
+        plan = plans[kind]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 48, WINDOW * 2, 4, 4, generator=g)
+    text = torch.randn(1, 6, 32, generator=g)
+    out = model(x, LAYOUT.timesteps(torch.tensor([[800.0, 100.0]])), text,
+                frame_positions=LAYOUT.frame_positions(torch.arange(WINDOW)), mask_mod=LAYOUT.self_mask())
+    loss = out.square().mean()
+    loss.backward()
+    return loss.detach(), {clean_name(n): p.grad for n, p in model.named_parameters()}, plan
+
+
+def test_the_budget_policy_changes_no_number():
+    loss, grads, _ = loss_and_grads("none")
+    loss_ac, grads_ac, plan = loss_and_grads("budget")
+    assert plan.saved and 0 < plan.recompute_fraction < 1  # some outputs kept, some recomputed
+    assert torch.equal(loss, loss_ac) and grads.keys() == grads_ac.keys()
+    for name in grads:
+        torch.testing.assert_close(grads_ac[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+class _Made(TorchDispatchMode):
+    """The storages every op of a forward makes, by weak reference (nothing kept alive)."""
+
+    def __init__(self, known):
+        super().__init__()
+        self.known, self.made = known, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                ref = StorageWeakRef(t.untyped_storage())
+                if ref not in self.known:
+                    self.made.setdefault(ref, t.untyped_storage().nbytes())
+        return out
+
+
+def _storages(tensors) -> set:
+    return {StorageWeakRef(t.untyped_storage()) for t in tensors if isinstance(t, torch.Tensor)}
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
+def test_the_bytes_kept_for_the_backward_are_the_plans(share):
+    """Counted two ways, each by storage: the storages the forward made that are still alive when it
+    returns (its output aside), and, where torch routes selective checkpointing's cache through the
+    caller's ``saved_tensors_hooks``, what those hooks see packed."""
+    budget, kind, profile, (block, context_fn), args = tiny_block_profile()
+    total = sum(op.bytes for op in profile.ops if op.candidate)
+    plan = plan_block(profile, int(share * total))
+    budget.plans[WINDOW] = {kind: plan}
+    budget.use(WINDOW)
+    known = _storages(tree_leaves(args)) | _storages(block.parameters())
+    with _Made(known) as made:
+        out = checkpoint(block, *args, use_reentrant=False, context_fn=context_fn, preserve_rng_state=False)
+    gc.collect()
+    held = sum(n for ref, n in made.made.items() if not ref.expired() and ref not in _storages([out]))
+    assert held == plan.saved_bytes
+    assert (held == 0) == (share == 0.0) and (held == total) == (share == 1.0)
+    out.sum().backward()
+    if "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters:
+        packed: dict = {}
+
+        def pack(t):
+            packed.setdefault(StorageWeakRef(t.untyped_storage()), t.untyped_storage().nbytes())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            checkpoint(block, *args, use_reentrant=False, context_fn=context_fn, preserve_rng_state=False,
+                       respect_saved_tensors_hooks=True)
+        assert sum(n for ref, n in packed.items() if ref not in known) == plan.saved_bytes
+
+
+TWO_LENGTHS = {"x": ("train", [4]), "y": ("train", [8]), "z": ("train", [6]), "v": ("val", [4])}
+BASE = {"model": "tiny", "steps": 2, "grad_accum": 2, "chunk_frames": 2, "max_latent_frames": 8,
+        "optimizer": {"lr": 1e-3}, "ema": {"decay": 0.9, "start_step": 1}, "val_every": 0, "checkpoint_every": 2,
+        "device": "cpu", "activation_checkpointing": "budget", "ac_memory_limit_gib": 1.0}
+
+
+@pytest.fixture(scope="module")
+def two_lengths(tmp_path_factory):
+    return make_cache(tmp_path_factory.mktemp("latents"), TWO_LENGTHS, weights={"x": 1.0, "y": 1.0, "z": 0.0, "v": 1})
+
+
+def budget_trainer(latents, tmp, plans, **overrides) -> Trainer:
+    cfg = from_mapping(TrainARConfig, {**BASE, **overrides}, "train_ar")
+    return Trainer(cfg, TrainInputs(latents, latents / "samples.parquet", tmp / "ckpt", {"run": "d", "code": "c"},
+                                    ac_plans=plans))
+
+
+def test_plans_are_cached_reused_and_made_for_a_new_window_length(tmp_path, two_lengths, gloo_world, monkeypatch):
+    profiled: list[int] = []
+    real = ac_planning.profile_block
+
+    def counting(block, args, *rest, **kw):
+        profiled.append(args[0].shape[1] // 8)  # 2 x 4 tokens per latent frame
+        return real(block, args, *rest, **kw)
+
+    monkeypatch.setattr(ac_planning, "profile_block", counting)
+    plans = tmp_path / "plans"
+    first = budget_trainer(two_lengths, tmp_path / "a", plans)
+    assert sorted(first.budget.plans) == [4, 8] and profiled == [4, 8]  # z (6 frames) is never drawn
+    assert len(list(plans.glob("*.json"))) == 2
+    again = budget_trainer(two_lengths, tmp_path / "b", plans)
+    assert profiled == [4, 8] and again.budget.plans == first.budget.plans  # from the cache
+    budget_trainer(two_lengths, tmp_path / "c", plans, ac_memory_limit_gib=2.0)
+    assert profiled == [4, 8, 4, 8]  # the limit is part of the key
+    shorter = budget_trainer(two_lengths, tmp_path / "d", plans, max_latent_frames=6)
+    assert profiled[4:] == [6] and sorted(shorter.budget.plans) == [4, 6]
+    shorter.planner.use(2)  # a window first seen mid-run (one rank): planned when it comes
+    assert profiled[5:] == [2] and shorter.budget._saved == {k: frozenset(p.saved)
+                                                              for k, p in shorter.budget.plans[2].items()}
+
+
+def test_a_budget_run_trains_as_a_run_without_checkpointing_and_reports_its_plans(tmp_path, two_lengths, gloo_world):
+    budget = budget_trainer(two_lengths, tmp_path / "a", tmp_path / "plans").run()
+    plain = budget_trainer(two_lengths, tmp_path / "b", tmp_path / "plans", activation_checkpointing="none").run()
+    assert budget["final_loss"] == plain["final_loss"]
+    assert all(torch.equal(budget["ema_state"][k], plain["ema_state"][k]) for k in plain["ema_state"])
+    assert budget["ac_limit_gib"] == 1.0
+    for window in (4, 8):
+        assert 0 < budget[f"ac_kept_gib_{window}f"] < budget[f"ac_predicted_peak_gib_{window}f"] < 1.0
+        assert 0 <= budget[f"ac_recompute_fraction_{window}f"] < 1
+    assert budget["lineage"][0]["ac_memory_limit_gib"] == 1.0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"ac_memory_limit_gib": 0}, "train_ar.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device)"),
+    ({"activation_checkpointing": "budgeted"},
+     "train_ar.activation_checkpointing must be none, full, selective, compiler or budget; got 'budgeted'"),
+])
+def test_a_bad_budget_setting_is_one_line_naming_its_key(change, message):
+    """(And a good one changes no number a checkpoint holds: a run resumes across it.)"""
+    with pytest.raises(ConfigError) as err:
+        from_mapping(TrainARConfig, {**BASE, **change}, "train_ar")
+    assert message in str(err.value) and "\n" not in str(err.value)
+    plain = from_mapping(TrainARConfig, {**BASE, "activation_checkpointing": "none"}, "train_ar")
+    assert from_mapping(TrainARConfig, {**BASE, "ac_memory_limit_gib": 7.5}, "train_ar").resume_params() == \
+        plain.resume_params()
+
+
+def test_without_a_limit_a_cpu_run_is_refused_before_it_starts(monkeypatch):
+    from tasks import train_ar
+
+    params = load_params(REPO / "params.yaml")
+    params["train_ar"].update({"device": "cpu", "activation_checkpointing": "budget", "ac_memory_limit_gib": None})
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ConfigError, match=r"^train_ar.ac_memory_limit_gib: null means 0.9 of the GPU's memory, "
+                                          r"and this run is on the cpu: give the limit in GiB$"):
+        train_ar.prepare(params)
+    require_limit(2.0, torch.device("cpu"), "k")  # a number is enough
+
+
+def test_a_measured_peak_above_the_limit_says_by_how_much():
+    check_peak(2**30, 2**30, None, "train_ar.ac_memory_limit_gib", 1)
+    with pytest.raises(ConfigError, match=r"step 3 peaked at 1.50 GiB, 0.50 GiB above the limit of 1.00 GiB; "
+                                          r"the plan predicted 0.90 GiB: lower train_ar.ac_memory_limit_gib"):
+        check_peak(3 * 2**29, 2**30, int(0.9 * 2**30), "train_ar.ac_memory_limit_gib", 3)
