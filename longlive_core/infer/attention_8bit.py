@@ -74,12 +74,6 @@ if triton is not None:
         return _round_e4m3(x)
 
     @triton.jit
-    def _int_dot(a, b):
-        if _HW_ROUND:
-            return tl.dot(a, b).to(tl.float32)
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))  # |sum| <= 127^2 x D: exact in float32
-
-    @triton.jit
     def _attention_8bit(Q, SQ, K, SK, V, SV, Out, M, N, qk_scale, p_scale,
                         D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PV_FP8: tl.constexpr):
         """One (BM queries, one batch-head) tile over every key: Q (BH, M, D) and K (BH, N, D) in INT8
@@ -99,7 +93,8 @@ if triton is not None:
             valid = offs_n < N
             k = tl.load(K + bh * N * D + offs_n[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0)
             sk = tl.load(SK + bh * N + offs_n, mask=valid, other=0.0)
-            s = _int_dot(q, tl.trans(k)) * sq[:, None] * sk[None, :]
+            # int32 on a GPU; the interpreter's float32 sum of products <= 127^2 x D is exact
+            s = _dot(q, tl.trans(k)).to(tl.float32) * sq[:, None] * sk[None, :]
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
