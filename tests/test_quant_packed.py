@@ -55,3 +55,17 @@ def test_lora_trains_on_a_packed_backbone():
     grads = {n: p.grad for n, p in lora.named_parameters() if p.requires_grad}
     assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
     assert any(g.abs().sum() > 0 for n, g in grads.items() if "lora_A" in n or "lora_B" in n)
+
+
+def test_compiled_inference_calls_the_packed_linear_as_one_operator():
+    """Under torch.compile with dynamic shapes (a video's first chunk is shorter) the W4A4 product is
+    the ``longlive::packed_nvfp4_linear`` operator: the same numbers as eager, whatever the length."""
+    torch.manual_seed(0)
+    packed = PackedNVFP4Linear.from_linear(nn.Linear(64, 32), dataclasses.replace(RECIPES["nvfp4"], backend="torch"))
+    compiled = torch.compile(packed, dynamic=True, backend="aot_eager")
+    with torch.no_grad():
+        for tokens in (5, 17):
+            x = torch.randn(2, tokens, 64)
+            assert torch.equal(compiled(x), packed(x))
+    graph = torch._dynamo.explain(packed)(x).graphs[0]
+    assert any("packed_nvfp4_linear" in str(node.target) for node in graph.graph.nodes)

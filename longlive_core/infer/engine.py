@@ -50,6 +50,7 @@ class GenerateConfig:
     device: str = "auto"
     vae_device: str = ""  # empty: the DiT's device; cuda:1 (a second GPU decodes while the first denoises) | cpu
     vae_dtype: str = "auto"  # the VAE's weights and activations: auto (bfloat16 on a GPU, float32 on the CPU) | ...
+    vae_compile: bool = False  # torch.compile the VAE's per-frame decoder call (a GPU; ~80 s once per load)
 
     def validate(self, where: str) -> None:
         for key, lists in (("step_lists", self.step_lists), ("step_list", [self.step_list] if self.step_list else [])):

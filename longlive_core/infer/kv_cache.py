@@ -13,8 +13,9 @@ go, except the two sinks (REFERENCE.md §1): the global sink, the first ``global
 and the shot sink, the first ``shot_frames`` of the current shot. The sinks are spans (start, length)
 over the frames the cache holds, not copies: a new shot (``start_shot``) moves the shot sink's start
 to where the shot's first frame will be written, and the previous shot's sink frames age out like
-any other. Keys and values may be held in NVFP4 (``kv_quant.py``), read on a GPU by a kernel that
-dequantizes them in registers (``kv_attention.py``).
+any other. Keys and values may be held in NVFP4 (``kv_quant.py``), dequantized to the compute dtype
+for each read and attended by SDPA. (A Triton kernel that dequantizes in registers instead,
+``kv_attention.py``, measured 2.8x slower than this on the H200: bench/RESULTS.md.)
 """
 from __future__ import annotations
 
@@ -23,9 +24,7 @@ import dataclasses
 
 import torch
 
-from longlive_core.infer import kv_attention
 from longlive_core.infer.config import SinkConfig
-from longlive_core.infer.kv_attention import nvfp4_cache_attention
 from longlive_core.infer.kv_quant import KVQuantConfig, QuantizedChunk
 from longlive_core.models.attention import MaskMod, attend
 
@@ -173,13 +172,6 @@ def select(chunks: list, ranges: list[tuple[int, int]]) -> list:
     return out
 
 
-def fused_read(q: torch.Tensor, past: list) -> bool:
-    """An NVFP4 cache read by the fused kernel (infer/kv_attention.py): bfloat16 on a GPU that runs it,
-    with no gradient asked (the kernel has no backward); the CPU and float32 runs dequantize it first."""
-    return (bool(past) and isinstance(past[0], QuantizedChunk) and q.is_cuda and q.dtype == torch.bfloat16
-            and not q.requires_grad and kv_attention.available())
-
-
 def smoothed(k: torch.Tensor, mean: torch.Tensor | None) -> torch.Tensor:
     return k if mean is None else (k.float() - mean).to(k.dtype)
 
@@ -201,12 +193,9 @@ class CachedAttention:
             raise ValueError("cached attention takes no mask: the cache holds exactly what the chunk may see")
         # the chunk's own keys minus the same K-smoothing mean as the cached ones (NVFP4 only)
         own_k = smoothed(k, self.key_mean)
-        if fused_read(q, self.past_k):
-            out = nvfp4_cache_attention(q, self.past_k, self.past_v, own_k, v)
-        else:
-            full_k = torch.cat([c.dequantize(k.dtype) for c in self.past_k] + [own_k], dim=2)
-            full_v = torch.cat([c.dequantize(v.dtype) for c in self.past_v] + [v], dim=2)
-            out = attend(q, full_k, full_v, None, backend="sdpa")  # no mask: dense flash attention where there is one
+        full_k = torch.cat([c.dequantize(k.dtype) for c in self.past_k] + [own_k], dim=2)
+        full_v = torch.cat([c.dequantize(v.dtype) for c in self.past_v] + [v], dim=2)
+        out = attend(q, full_k, full_v, None, backend="sdpa")  # no mask: dense flash attention where there is one
         if self.writing:
             self.cache._append(self.index, k, v)
         return out

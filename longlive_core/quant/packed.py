@@ -30,18 +30,38 @@ def weight_operand(packed: torch.Tensor, scale: torch.Tensor, global_scale: torc
     return part.to(torch.bfloat16), torch.ones_like(s_enc) / s_enc
 
 
+def _forward(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
+             bias: torch.Tensor | None, four_over_six: str | None, backend: str | None,
+             amax: torch.Tensor | None) -> torch.Tensor:
+    """The W4A4 product: x quantized in 1x16 blocks (``amax``: its global amax where already known),
+    times the weight decoded from its codes, through the emulated GEMM."""
+    x2 = x.reshape(-1, x.shape[-1])
+    wp, wd = weight_operand(packed, scale, global_scale, (packed.shape[0], packed.shape[1] * 2))
+    xp, alpha = quantize_partial(x2, (1, BLOCK), four_over_six=four_over_six, backend=backend, amax=amax, times=wd)
+    return emulated_mm(xp, alpha, wp.t(), None, bias, x.dtype).view(*x.shape[:-1], wp.shape[0])
+
+
+@torch.library.custom_op("longlive::packed_nvfp4_linear", mutates_args=())
+def packed_nvfp4_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
+                        bias: torch.Tensor | None, four_over_six: str | None, backend: str | None,
+                        amax: torch.Tensor | None) -> torch.Tensor:
+    """``_forward`` as one operator a compiled graph calls as it is: the Triton quantize launch and the
+    ctypes cuBLASLt GEMM inside are not traceable (dynamo fails on the launch once shapes go dynamic,
+    as a generated video's first chunk makes them)."""
+    return _forward(x, packed, scale, global_scale, bias, four_over_six, backend, amax)
+
+
+@packed_nvfp4_linear.register_fake
+def _(x, packed, scale, global_scale, bias, four_over_six, backend, amax):
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+
 class _PackedFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layer: PackedNVFP4Linear):
-        r, group = layer.recipe, layer.amax_group
-        x2 = x.reshape(-1, x.shape[-1])
-        wp, wd = layer.weight_operand()
-        x_amax = amaxes_over_group(x2, r, group)[0] if group is not None else None
-        xp, alpha = quantize_partial(x2, (1, BLOCK), four_over_six=r.four_over_six, backend=r.backend, amax=x_amax,
-                                     times=wd)
-        y = emulated_mm(xp, alpha, wp.t(), None, layer.bias, x.dtype)
         ctx.layer, ctx.x_shape = layer, x.shape
-        return y.view(*x.shape[:-1], wp.shape[0])
+        return _forward(x, layer.weight_packed, layer.weight_scale, layer.weight_global_scale, layer.bias,
+                        layer.recipe.four_over_six, layer.recipe.backend, layer.input_amax(x))
 
     @staticmethod
     def backward(ctx, gy):
@@ -98,7 +118,16 @@ class PackedNVFP4Linear(nn.Linear):
         return dequantize_packed(self.weight_packed, self.weight_scale, self.weight_global_scale,
                                  (self.out_features, self.in_features), torch.float32)
 
+    def input_amax(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x's global amax over the amax group (SP ranks quantize with one scale), None without one."""
+        if self.amax_group is None:
+            return None
+        return amaxes_over_group(x.reshape(-1, x.shape[-1]), self.recipe, self.amax_group)[0]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and not (torch.is_grad_enabled() and x.requires_grad):
+            return packed_nvfp4_linear(x, self.weight_packed, self.weight_scale, self.weight_global_scale, self.bias,
+                                       self.recipe.four_over_six, self.recipe.backend, self.input_amax(x))
         return _PackedFn.apply(x, self)
 
     def packed_bytes(self) -> int:

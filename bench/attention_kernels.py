@@ -1,0 +1,122 @@
+"""One chunk's attention over its window as ``longlive generate`` calls it, each kernel side by side in
+one run: time, TFLOP/s and the error against float32 attention over the same (dequantized) inputs.
+
+    python bench/attention_kernels.py [--frames 32] [--chunk 8] [--repeat 50] [--json F]
+    TRITON_INTERPRET=1 python bench/attention_kernels.py --tiny   # the code path on the CPU
+
+At the 5B's heads (24 x 128), 704x1280 (880 tokens per latent frame), the paper's window (32 latent
+frames in all: ``--frames - --chunk`` cached, the chunk's own 8 appended): queries are one chunk, keys
+N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the GPU. Rows:
+
+- ``bf16 cache`` what the BF16 cache runs: the cached chunks and the chunk's own keys concatenated,
+  then SDPA (flash);
+- ``sdpa only`` the same SDPA on already concatenated keys (the kernel's own time);
+- ``nvfp4 dequant`` the NVFP4 cache read before the fused kernel: every cached chunk dequantized to
+  bf16, concatenated, SDPA;
+- ``nvfp4 fused`` infer/kv_attention.py (what generate runs now on a GPU);
+- ``int8 qk + bf16 pv`` / ``int8 qk + fp8 pv`` infer/attention_8bit.py over the concatenated bf16 keys
+  (its quantization of q, k, v included).
+
+FLOPs: 4 H M N D (Q K^T and P V). The error is ||out - ref|| / ||ref|| over two heads, ref = float32
+attention over the inputs the kernel reads (the dequantized cache for the NVFP4 rows).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+TOKENS_PER_FRAME, HEADS, DIM = 880, 24, 128
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--frames", type=int, default=32, help="the window in latent frames, the chunk included")
+    ap.add_argument("--chunk", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=50, help="milliseconds of timed repeats (do_bench)")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--tiny", action="store_true", help="the code path on the CPU under TRITON_INTERPRET=1")
+    args = ap.parse_args()
+    global TOKENS_PER_FRAME, HEADS, DIM
+    if args.tiny:
+        TOKENS_PER_FRAME, HEADS, DIM = 8, 2, 32
+
+    import triton.testing
+
+    from longlive_core.infer.attention_8bit import attention_8bit
+    from longlive_core.infer.kv_attention import nvfp4_cache_attention
+    from longlive_core.infer.kv_quant import QuantizedChunk
+
+    dev = torch.device("cpu" if args.tiny else "cuda")
+    torch.manual_seed(0)
+    m, per_chunk = args.chunk * TOKENS_PER_FRAME, args.chunk * TOKENS_PER_FRAME
+    cached = (args.frames - args.chunk) // args.chunk
+
+    def draw(tokens: int) -> torch.Tensor:
+        return torch.randn(1, HEADS, tokens, DIM, device=dev, dtype=torch.bfloat16)
+
+    offset = 2 * torch.randn(1, HEADS, 1, DIM, device=dev)
+    q = draw(m)
+    past_k = [(draw(per_chunk) + offset).to(torch.bfloat16) for _ in range(cached)]
+    past_v = [draw(per_chunk) for _ in range(cached)]
+    k, v = (draw(m) + offset).to(torch.bfloat16), draw(m)
+    n = m + cached * per_chunk
+    mean = past_k[0].float().mean(dim=2, keepdim=True)  # the first chunk's, as the cache takes it
+    qk = [QuantizedChunk.of((c.float() - mean).to(torch.bfloat16)) for c in past_k]
+    qv = [QuantizedChunk.of(c) for c in past_v]
+    own_k = (k.float() - mean).to(torch.bfloat16)
+    full_k, full_v = torch.cat(past_k + [k], dim=2), torch.cat(past_v + [v], dim=2)
+    deq_k = torch.cat([c.dequantize(torch.bfloat16) for c in qk] + [own_k], dim=2)
+    deq_v = torch.cat([c.dequantize(torch.bfloat16) for c in qv] + [v], dim=2)
+
+    rows = {
+        "sdpa only": (lambda: F.scaled_dot_product_attention(q, full_k, full_v), full_k, full_v),
+        "bf16 cache": (lambda: F.scaled_dot_product_attention(q, torch.cat(past_k + [k], 2),
+                                                              torch.cat(past_v + [v], 2)), full_k, full_v),
+        "nvfp4 dequant": (lambda: F.scaled_dot_product_attention(
+            q, torch.cat([c.dequantize(torch.bfloat16) for c in qk] + [own_k], 2),
+            torch.cat([c.dequantize(torch.bfloat16) for c in qv] + [v], 2)), deq_k, deq_v),
+        "nvfp4 fused": (lambda: nvfp4_cache_attention(q, qk, qv, own_k, v), deq_k, deq_v),
+        "int8 qk + bf16 pv": (lambda: attention_8bit(q, full_k, full_v, pv="bf16"), full_k, full_v),
+        "int8 qk + fp8 pv": (lambda: attention_8bit(q, full_k, full_v, pv="fp8"), full_k, full_v),
+    }
+    flops = 4 * HEADS * m * n * DIM
+    where = "cpu (interpreter)" if args.tiny else torch.cuda.get_device_name()
+    print(f"# q {m} tokens, window {n} keys, {HEADS} x {DIM} heads, {where}, torch {torch.__version__}", flush=True)
+    print("| kernel | ms | TFLOP/s | vs sdpa only | rel. error (2 heads) | peak extra GiB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    results, base = [], None
+    for name, (fn, keys, values) in rows.items():
+        out = fn()
+        ref = F.scaled_dot_product_attention(q[:, :2].float(), keys[:, :2].float(), values[:, :2].float())
+        err = float((out[:, :2].float() - ref).norm() / ref.norm())
+        del out, ref
+        if args.tiny:
+            start = time.perf_counter()
+            fn()
+            ms, extra = (time.perf_counter() - start) * 1e3, 0.0
+        else:
+            torch.cuda.empty_cache()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            ms = triton.testing.do_bench(fn, warmup=25, rep=args.repeat, return_mode="median")
+            extra = (torch.cuda.max_memory_allocated() - before) / 2**30
+        base = ms if name == "sdpa only" else base
+        row = {"kernel": name, "ms": ms, "tflops": flops / ms / 1e9, "error": err, "peak_extra_gib": extra,
+               "queries": m, "keys": n}
+        results.append(row)
+        rel = f"{base / ms:.2f}x" if base else ""
+        print(f"| {name} | {ms:.3f} | {row['tflops']:.0f} | {rel} | {err:.4f} | {extra:.2f} |", flush=True)
+        assert math.isfinite(err)
+    if args.json:
+        with open(args.json, "a") as fh:
+            for row in results:
+                fh.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

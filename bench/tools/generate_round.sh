@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Device calls for issue 36's inference benches on the lent H200 (through the device tool, from the
+# repository root, carrying .whl/: diffusers, av and their pure-Python needs, which the image lacks).
+# Parts run in the order given; logs and JSON rows go to $OUT (or ./device_out); a part's failure is
+# kept in the exit status and the next part still runs.
+#   bash bench/tools/generate_round.sh make bf16 fp8 w4a4      # ~8 min: full-size folders, then generate's rows
+#   bash bench/tools/generate_round.sh make kernels vae sp
+set -u
+out=${OUT:-device_out}
+mkdir -p "$out"
+export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
+if [[ -d .whl ]] && [[ ! -d /tmp/site ]]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        > "$out/pip.log" 2>&1 || { echo "wheel install failed"; tail "$out/pip.log"; }
+fi
+status=0
+run() { local name=$1; shift; echo "== $name: $*"; local t0=$SECONDS
+    "$@" > "$out/$name.log" 2>&1 || { status=1; echo "!! $name failed"; }
+    echo "   $((SECONDS - t0)) s"; grep -v -i "warn" "$out/$name.log" | tail -n 14; }
+root=/tmp/llp
+for part in "$@"; do case $part in
+    make) [[ -f $root/prompts.txt ]] || run make python3 bench/generate_product.py make $root --w4a4 ;;
+    bf16) run bf16 python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4,bf16:2,nvfp4:4 --json "$out/product.jsonl" ;;
+    fp8) run fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 --rows bf16:4 --json "$out/product.jsonl" ;;
+    w4a4) run w4a4 python3 bench/generate_product.py run $root --model w4a4 --rows nvfp4:4 --json "$out/product.jsonl" ;;
+    kernels)
+        run kernel_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py
+        run attention python3 bench/attention_kernels.py --json "$out/attention.jsonl" ;;
+    vae) run vae python3 bench/vae_decode.py ;;
+    sp) run sp python3 bench/generate_sp_projection.py --compile ;;
+    *) echo "unknown part $part"; status=1 ;;
+esac; done
+exit $status
