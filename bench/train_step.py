@@ -83,7 +83,9 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
                         precision=dataclasses.replace(TrainARConfig().precision, recipe=recipe),
                         parallel=ParallelConfig(device="cuda"),
                         val_every=0, ema=dataclasses.replace(TrainARConfig().ema, start_step=0), attention=attention)
-    trainer = Trainer(cfg, TrainInputs(cache, cache / "samples.parquet", cache / "ckpt", None))
+    # budget plans and the profiles they came from in --out: the device machine keeps nothing
+    trainer = Trainer(cfg, TrainInputs(cache, cache / "samples.parquet", cache / "ckpt", None,
+                                       ac_plans=Path(args.out) / "ac-plans"))
     for frames in args.frames:
         trainer.cfg = dataclasses.replace(cfg, max_latent_frames=frames)
         tokens = 2 * frames * H * W // 4

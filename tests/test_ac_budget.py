@@ -241,6 +241,8 @@ def test_a_budget_run_trains_as_a_run_without_checkpointing_and_reports_its_plan
     for window in (4, 8):
         assert 0 < budget[f"ac_kept_gib_{window}f"] < budget[f"ac_predicted_peak_gib_{window}f"] < 1.0
         assert 0 <= budget[f"ac_recompute_fraction_{window}f"] < 1
+        assert budget[f"ac_floor_gib_{window}f"] < budget[f"ac_predicted_peak_gib_{window}f"]
+        assert budget[f"ac_saved_matched_{window}f"] == 1.0  # eager: the policy met every id the plan saves
     assert budget["lineage"][0]["ac_memory_limit_gib"] == 1.0
 
 

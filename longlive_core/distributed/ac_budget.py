@@ -61,6 +61,7 @@ class BudgetCheckpointing:
         self.counts: collections.Counter = collections.Counter()  # blocks of each kind
         self.plans: dict[int, dict[str, ACPlan]] = {}
         self._saved: dict[str, frozenset[str]] = {}
+        self.matched: dict[str, set[str]] = collections.defaultdict(set)  # saved ids a forward (or trace) met
         self.number = next(_NUMBERS)
         _HOLDERS[self.number] = self
 
@@ -77,7 +78,15 @@ class BudgetCheckpointing:
 
     def contexts(self, kind: str):
         """Selective checkpointing's two contexts for a block of ``kind`` under the plan in use."""
-        return create_selective_checkpoint_contexts(counted_policy(self._saved.get(kind, frozenset())))
+        return create_selective_checkpoint_contexts(counted_policy(self._saved.get(kind, frozenset()),
+                                                                   self.matched[kind]))
+
+    def matched_share(self, window: int) -> float | None:
+        """Of ``window``'s saved op ids, the share some forward of a block met (None: nothing saved)."""
+        saved = {(kind, op) for kind, plan in self.plans.get(window, {}).items() for op in plan.saved}
+        if not saved:
+            return None
+        return sum(op in self.matched[kind] for kind, op in saved) / len(saved)
 
     def use(self, window: int) -> bool:
         """Blocks keep what ``window``'s plans say from now on; False (and nothing kept) without one."""

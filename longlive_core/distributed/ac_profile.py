@@ -186,15 +186,19 @@ def profile_block(block: torch.nn.Module, args: tuple, kwargs: Mapping | None = 
     return BlockProfile(tuple(ops), forward, first.untyped_storage().nbytes(), transient, str(device))
 
 
-def counted_policy(saved: frozenset[str]) -> Callable:
+def counted_policy(saved: frozenset[str], matched: set[str] | None = None) -> Callable:
     """A selective-checkpointing policy that keeps the outputs of the ops ``saved`` names (ids as
     the profile gives them) and lets everything else be recomputed. Forward and recomputation count
-    apart (older torch asks the policy again while recomputing; newer only in the forward)."""
+    apart (older torch asks the policy again while recomputing; newer only in the forward).
+    ``matched`` collects the saved ids the forward met: under compile the traced ops must carry the
+    eager profile's ids, or the plan keeps less than it says."""
     counters = {False: OpCounter(), True: OpCounter()}
 
     def policy(ctx, func, *args, **kwargs):
         op_id = counters[bool(ctx.is_recompute)](func, args, kwargs)
         if op_id is not None and op_id in saved:
+            if matched is not None and not ctx.is_recompute:
+                matched.add(op_id)
             return checkpoint_module.CheckpointPolicy.MUST_SAVE
         return checkpoint_module.CheckpointPolicy.PREFER_RECOMPUTE
 

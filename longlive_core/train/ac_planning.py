@@ -229,6 +229,10 @@ class WindowPlanner:
             out[f"ac_kept_gib_{window}f"] = e["kept"] / 2**30
             out[f"ac_recompute_fraction_{window}f"] = e["recompute_s"] / max(e["forward_s"], 1e-12)
             out[f"ac_predicted_peak_gib_{window}f"] = e["predicted_peak"] / 2**30
+            out[f"ac_floor_gib_{window}f"] = e["floor"] / 2**30
+            matched = self.budget.matched_share(window)
+            if matched is not None:  # below 1: the policy never met some saved ids (renamed ops under compile)
+                out[f"ac_saved_matched_{window}f"] = matched
         if self.measured:
             out["ac_measured_peak_gib"] = self.measured / 2**30
         return out
