@@ -13,7 +13,9 @@ N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the
 - ``sdpa only`` the same SDPA on already concatenated keys (the kernel's own time);
 - ``nvfp4 dequant`` the NVFP4 cache read before the fused kernel: every cached chunk dequantized to
   bf16, concatenated, SDPA;
-- ``nvfp4 fused`` infer/kv_attention.py (what generate runs now on a GPU);
+- ``nvfp4 window kernel`` the same window written by one Triton launch (``kv_attention.dequantized_window``:
+  the same bits), then SDPA;
+- ``nvfp4 fused`` infer/kv_attention.py's attention that dequantizes in registers;
 - ``int8 qk + bf16 pv`` / ``int8 qk + fp8 pv`` infer/attention_8bit.py over the concatenated bf16 keys
   (its quantization of q, k, v included).
 
@@ -48,7 +50,7 @@ def main() -> None:
     import triton.testing
 
     from longlive_core.infer.attention_8bit import attention_8bit
-    from longlive_core.infer.kv_attention import nvfp4_cache_attention
+    from longlive_core.infer.kv_attention import dequantized_window, nvfp4_cache_attention
     from longlive_core.infer.kv_quant import QuantizedChunk
 
     dev = torch.device("cpu" if args.tiny else "cuda")
@@ -80,6 +82,8 @@ def main() -> None:
         "nvfp4 dequant": (lambda: F.scaled_dot_product_attention(
             q, torch.cat([c.dequantize(torch.bfloat16) for c in qk] + [own_k], 2),
             torch.cat([c.dequantize(torch.bfloat16) for c in qv] + [v], 2)), deq_k, deq_v),
+        "nvfp4 window kernel": (lambda: F.scaled_dot_product_attention(
+            q, dequantized_window(qk, own_k), dequantized_window(qv, v)), deq_k, deq_v),
         "nvfp4 fused": (lambda: nvfp4_cache_attention(q, qk, qv, own_k, v), deq_k, deq_v),
         "int8 qk + bf16 pv": (lambda: attention_8bit(q, full_k, full_v, pv="bf16"), full_k, full_v),
         "int8 qk + fp8 pv": (lambda: attention_8bit(q, full_k, full_v, pv="fp8"), full_k, full_v),

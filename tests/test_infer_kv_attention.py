@@ -64,3 +64,31 @@ def test_the_fused_read_is_as_close_as_bf16_sdpa_in_the_interpreter():
 def test_the_fused_read_is_as_close_as_bf16_sdpa_on_the_gpu():
     # the 5B's 24 heads of 128; a window of 32 latent frames at 880 tokens each: 3 cached chunks and the chunk
     print(check("cuda", heads=24, dim=128, chunks=(7040, 7040, 7040), own=7040, blocks=((128, 64),)))
+
+
+def window_matches(device: str, heads: int = 2, dim: int = 32, tokens: tuple[int, ...] = (24, 40, 7), own: int = 9,
+                   block_n: int = 16) -> bool:
+    """``dequantized_window`` against the torch path: chunks of different ranges (global scales),
+    with and without Four-Over-Six scales, lengths that are no multiple of the block."""
+    from longlive_core.infer.kv_attention import dequantized_window
+    from longlive_core.infer.kv_quant import QuantizedChunk
+
+    g = torch.Generator().manual_seed(0)
+    chunks = [QuantizedChunk.of((torch.randn(1, heads, t, dim, generator=g) * (1 + 3 * i)).to(device, torch.bfloat16),
+                                "mse" if i % 2 else None) for i, t in enumerate(tokens)]
+    mine = torch.randn(1, heads, own, dim, generator=g).to(device, torch.bfloat16)
+    got = dequantized_window(chunks, mine, block_n)
+    return torch.equal(got, torch.cat([c.dequantize(torch.bfloat16) for c in chunks] + [mine], dim=2))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the kernel itself")
+def test_the_window_kernel_dequantizes_bit_for_bit_as_torch_in_the_interpreter():
+    code = "from tests.test_infer_kv_attention import window_matches; assert window_matches('cpu')"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+def test_the_window_kernel_dequantizes_bit_for_bit_as_torch_on_the_gpu():
+    assert window_matches("cuda", heads=24, dim=128, tokens=(7040, 7040, 7040), own=7040, block_n=64)

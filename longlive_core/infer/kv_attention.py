@@ -95,6 +95,27 @@ if triton is not None:
         return _bf16(tl.reshape(tl.join(lo, hi), (BN, D)))
 
     @triton.jit
+    def _dequantize_rows(C, S, E, Out, N, out_tokens, D: tl.constexpr, BN: tl.constexpr):
+        """BN tokens of one batch-head's codes C (BH, N, D/2) and scale bytes S (BH, N, D/16), each
+        divided by its chunk's S_enc as bfloat16 (E, per token), into rows [0, N) of Out (BH,
+        out_tokens, D): code x scale is exact, the division rounds in float32 then to bfloat16, as
+        torch's bfloat16 division does (``QuantizedChunk.dequantize``): the same bits."""
+        pid, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        offs_n = pid * BN + tl.arange(0, BN)
+        valid = offs_n < N
+        offs_h = tl.arange(0, D // 2)
+        offs_s = tl.arange(0, D // 16)
+        c = tl.load(C + bh * N * (D // 2) + offs_n[:, None] * (D // 2) + offs_h[None, :], mask=valid[:, None],
+                    other=0).to(tl.int32)
+        s = _e4m3(tl.load(S + bh * N * (D // 16) + offs_n[:, None] * (D // 16) + offs_s[None, :], mask=valid[:, None],
+                          other=0).to(tl.int32))
+        lo = tl.reshape(_e2m1(c & 15), (BN, D // 16, 8)) * s[:, :, None]
+        hi = tl.reshape(_e2m1(c >> 4), (BN, D // 16, 8)) * s[:, :, None]
+        x = tl.div_rn(tl.reshape(tl.join(lo, hi), (BN, D)), tl.load(E + offs_n, mask=valid, other=1.0)[:, None])
+        tl.store(Out + bh * out_tokens * D + offs_n[:, None] * D + tl.arange(0, D)[None, :], _bf16(x),
+                 mask=valid[:, None])
+
+    @triton.jit
     def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale):
         s = _dot(q, tl.trans(k)) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -143,6 +164,28 @@ def _stacked(chunks: list[QuantizedChunk]) -> tuple[torch.Tensor, torch.Tensor, 
     scales = torch.cat([c.scales for c in chunks], dim=2).view(torch.uint8)
     decode = torch.cat([torch.reciprocal(c.encode_scale.float()).expand(c.tokens) for c in chunks])
     return codes.contiguous(), scales.contiguous(), decode.contiguous()
+
+
+def dequantized_window(chunks: list[QuantizedChunk], own: torch.Tensor, block_n: int = BLOCK_N) -> torch.Tensor:
+    """[the chunks dequantized; ``own``] along the tokens as one (B, H, N + M, D) bfloat16 tensor: one
+    launch reads the codes and writes the window once, where ``QuantizedChunk.dequantize`` and a
+    concatenation make several passes; bit for bit what ``torch.cat([c.dequantize(bf16) ...] + [own])``
+    gives."""
+    if triton is None:
+        raise RuntimeError("the NVFP4 window kernel needs Triton")
+    b, h, m, d = own.shape
+    if d % BLOCK or d & (d - 1) or own.dtype != torch.bfloat16:
+        raise ValueError(f"a bfloat16 window whose head dimension is a power of two and a multiple of {BLOCK}; "
+                         f"got {own.dtype}, {d}")
+    codes = torch.cat([c.codes for c in chunks], dim=2).contiguous()
+    scales = torch.cat([c.scales for c in chunks], dim=2).view(torch.uint8).contiguous()
+    divisors = torch.cat([c.encode_scale.to(torch.bfloat16).float().expand(c.tokens) for c in chunks]).contiguous()
+    n = codes.shape[2]
+    out = torch.empty((b, h, n + m, d), dtype=torch.bfloat16, device=own.device)
+    if n:
+        _dequantize_rows[(triton.cdiv(n, block_n), b * h)](codes, scales, divisors, out, n, n + m, D=d, BN=block_n)
+    out[:, :, n:] = own
+    return out
 
 
 def nvfp4_cache_attention(q: torch.Tensor, past_k: list[QuantizedChunk], past_v: list[QuantizedChunk],
