@@ -3,6 +3,7 @@ time, the causal feature cache kept across chunks), its variants side by side in
 float32 decode of the same latents.
 
     python bench/vae_decode.py [--chunks 6] [--variants bf16,bf16-cl,bf16-compile,bf16-compile-cl]
+    python bench/vae_decode.py --content demo [--variants ...]   # latents of a demo shot, not noise
     python bench/vae_decode.py --tiny --device cpu --chunks 3 --variants bf16,bf16-cl   # the code path, anywhere
 
 Wan2.2's VAE with random weights made on the device, 704x1280, chunks of 8 latent frames (32 video
@@ -21,13 +22,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from longlive_core.infer.decode import ShotDecoder  # noqa: E402
-from longlive_core.models.vae import build_vae  # noqa: E402
+from longlive_core.models.vae import build_vae, encode_video, frames_to_input  # noqa: E402
 from longlive_core.train.flops import PEAK_BF16_TFLOPS  # noqa: E402
+from longlive_core.video.synth import ShotSpec, render_shot  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -58,6 +61,14 @@ def decode_shot(decoder: ShotDecoder, latents: list[torch.Tensor], device) -> tu
     return torch.cat(frames), times
 
 
+def demo_latents(vae, height: int, width: int, latent_frames: int, device: torch.device) -> torch.Tensor:
+    """(C, latent_frames, h, w): a demo shot (``video.synth``: a textured gradient, two moving shapes)
+    rendered at the decode's size, 1 + 4 (latent_frames - 1) frames, encoded by ``vae`` (float32)."""
+    shot = ShotSpec(1 + 4 * (latent_frames - 1), 0.6, "circle", 3)
+    frames = np.stack(list(render_shot(shot, width, height)))
+    return encode_video(vae, frames_to_input(frames, device)).float()
+
+
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     mse = (a.float() - b.float()).pow(2).mean().item()
     return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(255.0 ** 2 / mse)).item()
@@ -69,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", default="bf16,bf16-cl,bf16-compile,bf16-compile-cl")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--content", choices=("noise", "demo"), default="noise",
+                    help="latents drawn N(0, 1), or the demo's synthetic shots rendered at full size and encoded "
+                         "by the same random VAE in float32")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     name = "tiny" if args.tiny else "wan2.2"
@@ -76,12 +90,15 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     with torch.device(device):
         state = {k: v.clone() for k, v in build_vae(name).state_dict().items()}
-    g = torch.Generator(device).manual_seed(1)
-    latents = [torch.randn(48, chunk, h, w, device=device, generator=g) for _ in range(args.chunks)]
+    fp32 = decoder_for("fp32", state, name, device)
+    if args.content == "demo":
+        latents = list(demo_latents(fp32.vae, 16 * h, 16 * w, chunk * args.chunks, device).split(chunk, dim=1))
+    else:
+        g = torch.Generator(device).manual_seed(1)
+        latents = [torch.randn(48, chunk, h, w, device=device, generator=g) for _ in range(args.chunks)]
     cuda = device.type == "cuda"
     print(f"# {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}, {name} VAE, "
-          f"{16 * h}x{16 * w}, {args.chunks} chunks of {chunk} latent frames", flush=True)
-    fp32 = decoder_for("fp32", state, name, device)
+          f"{16 * h}x{16 * w}, {args.chunks} chunks of {chunk} latent frames, latents: {args.content}", flush=True)
     reference, _ = decode_shot(fp32, latents, device)
     from torch.utils.flop_counter import FlopCounterMode
 

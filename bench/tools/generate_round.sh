@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Device calls for issue 36's inference benches on the lent H200 (through the device tool, from the
+# Device calls for the inference benches (and the AC planner's training step) on the lent H200 (through the device tool, from the
 # repository root, carrying .whl/: diffusers, av and their pure-Python needs, which the image lacks).
 # Parts run in the order given; logs and JSON rows go to $OUT (or ./device_out); a part's failure is
 # kept in the exit status and the next part still runs.
 #   bash bench/tools/generate_round.sh make bf16 fp8 w4a4      # ~8 min: full-size folders, then generate's rows
 #   bash bench/tools/generate_round.sh make kernels vae sp
+#   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
 set -u
 out=${OUT:-device_out}
 mkdir -p "$out"
@@ -27,6 +28,9 @@ for part in "$@"; do case $part in
         run kernel_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py
         run attention python3 bench/attention_kernels.py --json "$out/attention.jsonl" ;;
     vae) run vae python3 bench/vae_decode.py ;;
+    vae_demo) run vae_demo python3 bench/vae_decode.py --content demo --variants bf16,bf16-compile-cl ;;
+    train) run train python3 bench/train_step.py --blocks 8 --frames 32 --recipes bf16 --compile 1 --steps 3 \
+               --ac budget:47 compiler:0.2 budget:65 compiler:0.5 full --out "$out" ;;
     sp) run sp python3 bench/generate_sp_projection.py --compile ;;
     *) echo "unknown part $part"; status=1 ;;
 esac; done
