@@ -155,13 +155,15 @@ class WindowPlanner:
         counts = self.budget.counts
         n = 2 * layout.local_frames * layout.tokens_per_frame
         outside = n * self.model.cfg.dim * (8 + self.dtype.itemsize)
-        floor = (self.memory.total + sum(counts.values()) * max(p.input_bytes for p in profiles.values())
-                 + max(p.transient_bytes for p in profiles.values()) + outside)
+        parts = {**dataclasses.asdict(self.memory),
+                 "block_inputs": sum(counts.values()) * max(p.input_bytes for p in profiles.values()),
+                 "transient": max(p.transient_bytes for p in profiles.values()), "outside": outside}
+        floor = sum(parts.values())
         plans = plan_blocks(profiles, counts, self.limit - floor)
         kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
         entry = {"profiles": {k: p.to_json() for k, p in profiles.items()},
                  "plans": {k: p.to_json() for k, p in plans.items()},
-                 "floor": floor, "kept": kept, "predicted_peak": floor + kept,
+                 "floor": floor, "floor_parts": parts, "kept": kept, "predicted_peak": floor + kept,
                  "recompute_s": sum(counts[k] * plans[k].recompute_s for k in plans),
                  "forward_s": sum(counts[k] * plans[k].forward_s for k in plans),
                  "candidates": sum(sum(op.candidate for op in p.ops) for p in profiles.values()),
