@@ -17,7 +17,10 @@ N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the
   the same bits), then SDPA;
 - ``nvfp4 fused`` infer/kv_attention.py's attention that dequantizes in registers;
 - ``int8 qk + bf16 pv`` / ``int8 qk + fp8 pv`` infer/attention_8bit.py over the concatenated bf16 keys
-  (its quantization of q, k, v included).
+  (its quantization of q, k, v included);
+- ``cudnn fp8`` infer/attention_cudnn_fp8.py: cuDNN's fused FP8 SDPA over the same keys (its per-tensor
+  quantization of q, k, v and the dequantization of its FP8 output included); only where ``available()``
+  (the cuDNN frontend, a Hopper GPU), else a line says why it was skipped.
 
 FLOPs: 4 H M N D (Q K^T and P V). The error is ||out - ref|| / ||ref|| over two heads, ref = float32
 attention over the inputs the kernel reads (the dequantized cache for the NVFP4 rows).
@@ -49,6 +52,7 @@ def main() -> None:
 
     import triton.testing
 
+    from longlive_core.infer import attention_cudnn_fp8
     from longlive_core.infer.attention_8bit import attention_8bit
     from longlive_core.infer.kv_attention import dequantized_window, nvfp4_cache_attention
     from longlive_core.infer.kv_quant import QuantizedChunk
@@ -88,9 +92,14 @@ def main() -> None:
         "int8 qk + bf16 pv": (lambda: attention_8bit(q, full_k, full_v, pv="bf16"), full_k, full_v),
         "int8 qk + fp8 pv": (lambda: attention_8bit(q, full_k, full_v, pv="fp8"), full_k, full_v),
     }
+    skipped = attention_cudnn_fp8.unavailable_reason(dev)
+    if skipped is None:
+        rows["cudnn fp8"] = (lambda: attention_cudnn_fp8.attention_fp8(q, full_k, full_v), full_k, full_v)
     flops = 4 * HEADS * m * n * DIM
     where = "cpu (interpreter)" if args.tiny else torch.cuda.get_device_name()
     print(f"# q {m} tokens, window {n} keys, {HEADS} x {DIM} heads, {where}, torch {torch.__version__}", flush=True)
+    if skipped is not None:
+        print(f"# cudnn fp8 skipped: {skipped}", flush=True)
     print("| kernel | ms | TFLOP/s | vs sdpa only | rel. error (2 heads) | peak extra GiB |")
     print("|---|---:|---:|---:|---:|---:|")
     results, base = [], None

@@ -25,7 +25,8 @@ for part in "$@"; do case $part in
     fp8) run fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 --rows bf16:4 --json "$out/product.jsonl" ;;
     w4a4) run w4a4 python3 bench/generate_product.py run $root --model w4a4 --rows nvfp4:4 --json "$out/product.jsonl" ;;
     kernels)
-        run kernel_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py
+        run kernel_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py \
+            tests/test_infer_attention_cudnn_fp8.py
         run attention python3 bench/attention_kernels.py --json "$out/attention.jsonl" ;;
     vae) run vae python3 bench/vae_decode.py ;;
     vae_demo) run vae_demo python3 bench/vae_decode.py --content demo --variants bf16,bf16-compile-cl ;;
