@@ -1,10 +1,9 @@
-"""DVC stage `assemble`: consecutive kept shots -> multi-shot samples with per-shot captions,
-duration buckets and a train/val split by video. Outputs data/samples/samples.parquet and the
-curation report in reports/curation/ (also logged to MLflow)."""
+"""DVC stage `assemble`: consecutive kept shots -> multi-shot samples with per-shot captions (the
+caption stage's, each with its source), duration buckets and a train/val split by video. Outputs
+data/samples/samples.parquet and the curation report in reports/curation/ (also logged to MLflow)."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pandas as pd
 
@@ -15,7 +14,7 @@ from longlive_core.io.atomic import write_parquet
 from longlive_core.iqa.metrics import IQAConfig, lower_is_better
 from longlive_core.shots.detect import ShotsConfig
 from longlive_core.tracking.lineage import digest_file
-from tasks.paths import CLIPS, CURATION_REPORT, MANIFEST, REJECTED, SAMPLES, SCORES, raw_root
+from tasks.paths import CAPTIONS, CLIPS, CURATION_REPORT, REJECTED, SAMPLES, SCORES
 from tasks.stage import main_for
 
 
@@ -24,18 +23,17 @@ class Prepared:
     assemble: AssembleConfig
     shots: ShotsConfig  # the thresholds the curation report draws
     iqa: IQAConfig
-    raw_root: Path
 
 
 def prepare(params) -> Prepared:
     return Prepared(stage_config(AssembleConfig, "assemble", params), stage_config(ShotsConfig, "shots", params),
-                    stage_config(IQAConfig, "iqa_filter", params), raw_root(params))
+                    stage_config(IQAConfig, "iqa_filter", params))
 
 
 def body(p: Prepared, run):
-    run.set_tags({"input.scores.sha256": digest_file(SCORES), "input.manifest.sha256": digest_file(MANIFEST)})
-    scores = pd.read_parquet(SCORES)
-    out = assemble_samples(scores, pd.read_parquet(MANIFEST), p.raw_root, p.assemble)
+    run.set_tags({"input.scores.sha256": digest_file(SCORES), "input.captions.sha256": digest_file(CAPTIONS)})
+    scores, captions = pd.read_parquet(SCORES), pd.read_parquet(CAPTIONS)
+    out = assemble_samples(scores, captions, p.assemble)
     write_parquet(out.samples, SAMPLES)
     run.log_metrics(out.counts)
     run.log_artifact(SAMPLES)
@@ -44,8 +42,9 @@ def body(p: Prepared, run):
                           clips_dir=CLIPS, min_shot_s=p.shots.min_shot_s, max_shot_s=p.shots.max_shot_s,
                           metric=p.iqa.metric, threshold=p.iqa.thresholds[p.iqa.metric],
                           lower_better=lower_is_better(p.iqa.metric), min_motion=p.iqa.min_motion,
-                          dedup_hamming=p.iqa.dedup_hamming)
-    write_curation_report(report, CURATION_REPORT)
+                          dedup_hamming=p.iqa.dedup_hamming, captions=captions)
+    counts = write_curation_report(report, CURATION_REPORT)
+    run.log_metrics({f"caption_{k}": v for k, v in counts["captions"].items() if isinstance(v, (int, float))})
     run.log_artifact(CURATION_REPORT, "curation")
     return dict(out.counts)
 

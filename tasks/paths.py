@@ -21,6 +21,11 @@ IQA = Path("data/iqa")
 SCORES = IQA / "scores.parquet"
 IQA_STATE = IQA / "state"
 
+CAPTION_DIR = Path("data/captions")
+CAPTIONS = CAPTION_DIR / "captions.parquet"  # one row per kept shot: its caption (or none) and where it came from
+SUBJECTS = CAPTION_DIR / "subjects.parquet"  # one row per video: its recurring subjects
+CAPTION_STATE = CAPTION_DIR / "state"
+
 SAMPLES = Path("data/samples/samples.parquet")
 CURATION_REPORT = Path("reports/curation")
 

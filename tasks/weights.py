@@ -21,7 +21,7 @@ from tasks.stage import main_for
 
 # the params, per reading stage, that name weights ("tiny": the built-in random models, no file);
 # a dotted key is nested (evaluate.weights.musiq)
-WEIGHT_PARAMS = {"iqa_filter": ("maniqa_checkpoint",), "encode_latents": ("vae", "text_encoder"),
+WEIGHT_PARAMS = {"iqa_filter": ("maniqa_checkpoint",), "caption": ("model",), "encode_latents": ("vae", "text_encoder"),
                  "train_ar": ("init",),
                  "evaluate": ("weights.musiq", "weights.dino", "weights.i3d", "weights.fvd_reference", "vbench.cache")}
 OPTIONAL = {"evaluate"}  # stages whose weights may be null: the metric is skipped, and the scores say so
@@ -48,6 +48,12 @@ def prepare(params) -> Prepared:
             if not isinstance(value, str) or not value:
                 raise ConfigError(f"{stage}.{key} must name the weights' path, got {value!r}")
             paths[stage][key] = value
+    generate = params.get("generate") or {}
+    if generate.get("enhance"):  # evaluate's videos then start from the enhancement model's rewrites
+        value = generate.get("enhance_model")
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"generate.enhance_model must name the weights' path, got {value!r}")
+        paths["evaluate"]["generate.enhance_model"] = value
     return Prepared(paths)
 
 

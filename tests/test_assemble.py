@@ -6,6 +6,7 @@ import pytest
 
 from longlive_core.config import ConfigError, from_mapping
 from longlive_core.data.assemble import AssembleConfig, Bucket, assemble_samples, bucket_of, split_of
+from longlive_core.data.captions import shot_captions
 from longlive_core.data.roots import SourceError
 
 VID_A, VID_B = "a" * 64, "b" * 64
@@ -47,9 +48,18 @@ CFG = dict(max_shots=3, min_duration_s=1.0, max_duration_s=5.0, missing_caption=
                     {"name": "long", "min_s": 3.0, "max_s": None, "weight": 3.0}])
 
 
+def sidecar_captions(shots, m, root):
+    """The caption stage's table when every caption comes from a sidecar (source: sidecar)."""
+    kept = shots[shots["kept"]]
+    caps = shot_captions(kept, m, root)
+    return pd.DataFrame({"video_id": kept["video_id"], "shot_index": kept["shot_index"], "caption": caps,
+                         "caption_source": ["sidecar" if c else "" for c in caps]})
+
+
 def assemble(spec, root, copies=(), **over):
     cfg = from_mapping(AssembleConfig, {**CFG, **over}, "assemble")
-    return assemble_samples(shots_table(spec), manifest(root, copies), root, cfg)
+    shots = shots_table(spec)
+    return assemble_samples(shots, sidecar_captions(shots, manifest(root, copies), root), cfg)
 
 
 def test_runs_break_at_gaps_and_limits(root):
@@ -60,6 +70,7 @@ def test_runs_break_at_gaps_and_limits(root):
     assert list(out.samples["duration_s"]) == [3.0, 4.5, 2.0]
     assert list(out.samples["bucket"]) == ["long", "long", "short"]
     assert out.samples.iloc[0]["captions"] == ["first", "second"]  # 0-1.5 s, then 1.5-3.0 s: most in "second"
+    assert out.samples.iloc[0]["caption_sources"] == ["sidecar", "sidecar"]
     assert out.samples.iloc[1]["captions"] == ["second"] * 3
     assert (out.samples["end_frame"] > out.samples["start_frame"]).all()
 
@@ -113,11 +124,23 @@ def test_a_video_with_byte_identical_copies_is_one_video(root):
 
 def test_a_sidecar_edited_after_ingest_is_an_error_that_says_to_rerun_ingest(root):
     spec = [(VID_A, [(0, 15, True), (15, 30, True)])]
-    cfg = from_mapping(AssembleConfig, CFG, "assemble")
     m = manifest(root)
     (root / "a.json").write_text(json.dumps({"caption": "edited since"}))
     with pytest.raises(SourceError, match="a.json changed after ingest read it: rerun ingest"):
-        assemble_samples(shots_table(spec), m, root, cfg)
+        shot_captions(shots_table(spec), m, root)
     (root / "a.json").unlink()
     with pytest.raises(SourceError, match="a.json changed after ingest read it"):
-        assemble_samples(shots_table(spec), m, root, cfg)
+        shot_captions(shots_table(spec), m, root)
+
+
+def test_model_captions_carry_their_source_and_a_shot_the_caption_stage_lacks_is_an_error(root):
+    spec = [(VID_B, [(0, 20, True), (20, 40, True)])]
+    cfg = from_mapping(AssembleConfig, CFG, "assemble")
+    shots = shots_table(spec)
+    captions = pd.DataFrame({"video_id": [VID_B, VID_B], "shot_index": [0, 1], "caption": ["A dog runs.", None],
+                             "caption_source": ["model", ""]})
+    s = assemble_samples(shots, captions, cfg).samples.iloc[0]
+    assert s["captions"] == ["A dog runs.", ""] and s["caption_sources"] == ["model", ""]
+    lacking = r"1 kept shot\(s\) are not in the caption stage's table \(e.g. b.mp4#1\): rerun the caption stage"
+    with pytest.raises(ConfigError, match=lacking):
+        assemble_samples(shots, captions.iloc[:1], cfg)

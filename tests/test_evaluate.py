@@ -257,3 +257,16 @@ def test_a_champion_scored_under_other_settings_is_fetched_and_scored_again_unde
                                                           ShotsConfig()), candidate, "cpu")
         assert not without.champion.rescored
         assert not verdict(candidate["aggregate"], settings, without, cfg.verdict_rules())["passed"]
+
+
+def test_prompt_enhancement_is_part_of_the_settings_a_verdict_compares():
+    from longlive_core.infer.engine import GenerateConfig
+    from longlive_core.infer.enhance import template_digest
+
+    cfg = EvaluateConfig(suite={"one": "0.4\ta red kite\n"})
+    ran = {"steps": [1000, 0], "window": 6, "global_sink": 2, "shot_sink": 2}
+    plain = suite_settings(cfg, GenerateConfig(), ran, None)
+    enhanced = suite_settings(cfg, GenerateConfig(enhance=True, enhance_examples=2), ran, None)
+    assert plain["prompt_enhancement"] is None
+    assert enhanced["prompt_enhancement"] == {"model": "tiny", "template": template_digest(), "examples": 2,
+                                              "max_new_tokens": 512}

@@ -12,8 +12,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_stage_order_follows_the_dvc_graph(repo_copy):
-    assert stage_order(repo_copy) == ["weights", "demo_data", "ingest", "shots", "iqa_filter", "assemble",
-                                      "encode_latents", "train_ar", "distill_dmd",
+    assert stage_order(repo_copy) == ["weights", "demo_data", "ingest", "shots", "iqa_filter", "caption",
+                                      "assemble", "encode_latents", "train_ar", "distill_dmd",
                                       "merge_w4a4", "evaluate", "package"]
     assert stage_order(repo_copy, ["ingest"]) == ["demo_data", "ingest"]
     assert stage_order(repo_copy, ["demo_data"]) == ["demo_data"]

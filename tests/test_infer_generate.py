@@ -348,3 +348,44 @@ def test_a_damaged_model_folder_is_one_line_that_says_what_to_fix(model_dir, tmp
                          str(tmp_path / f"{name}.mp4"), "--device", "cpu"]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_enhance_rewrites_the_prompt_file_or_keeps_it_with_the_reason(model_dir, tmp_path, monkeypatch):
+    """generate.enhance: the tiny (random) model's reply breaks the file's structure, so the file is used
+    as given and the sidecar says why; a model that answers as asked changes the prompts the video is
+    made from, shown the folder's example caption nearest the prompts."""
+    import shutil
+
+    from longlive_core.caption import model as caption_model
+    from longlive_core.infer.enhance import ExampleBank, pooled
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(TWO_SHOTS)
+    side = generate_file(model_dir, prompts, tmp_path / "tiny.mp4", config(enhance=True, enhance_max_new_tokens=8))
+    e = side["prompt_enhancement"]
+    assert not e["rewritten"] and e["enhanced"] == e["original"] == TWO_SHOTS and e["reason"] and e["model"] == "tiny"
+    assert (tmp_path / "tiny.mp4").is_file()
+
+    folder = tmp_path / "with_bank"
+    shutil.copytree(model_dir, folder)
+    captions = ("a red kite over the sea at noon", "a night street with neon signs")
+    embedded = text_encoder_from("tiny", 16, torch.device("cpu")).encode(list(captions)).numpy()
+    ExampleBank(captions, np.stack([pooled(x, np.abs(x).sum(axis=1) > 0) for x in embedded])).save(folder)
+    requests = []
+
+    class Answering:  # answers as asked: every numbered prompt in capitals
+        def __init__(self, cfg, device):
+            pass
+
+        def generate(self, items):
+            (_, request), = items
+            requests.append(request)
+            lines = [line.split(". ", 1) for line in request.splitlines() if line[:1].isdigit()]
+            return [caption_model.Generated("\n".join(f"{n}. {p.upper()}" for n, p in lines), 0, False)]
+
+    monkeypatch.setattr(caption_model, "CaptionModel", Answering)
+    side = generate_file(folder, prompts, tmp_path / "rewritten.mp4", config(enhance=True, enhance_examples=1))
+    e = side["prompt_enhancement"]
+    assert e["rewritten"] and e["original"] == TWO_SHOTS and len(e["examples"]) == 1 and e["examples"][0] in captions
+    assert f"Example of the style: {e['examples'][0]}" in requests[0]
+    assert side["shots"][0]["prompts"] == ["A RED KITE OVER A BEACH", "THE KITE DIVES"]

@@ -6,6 +6,7 @@ import pytest
 import yaml
 from ruamel.yaml import YAML
 
+from longlive_core.caption.config import CaptionConfig
 from longlive_core.config import load_params, stage_config
 from longlive_core.data.assemble import AssembleConfig
 from longlive_core.data.demo import DemoDataConfig
@@ -184,8 +185,8 @@ def test_every_stage_config_parses_after_apply(production_params, tmp_path, monk
     ckpt = tmp_path / prod["iqa_filter"]["maniqa_checkpoint"]
     ckpt.parent.mkdir(parents=True)
     ckpt.touch()
-    for key in ("vae", "text_encoder"):
-        folder = tmp_path / prod["encode_latents"][key]
+    for folder in [tmp_path / prod["encode_latents"][key] for key in ("vae", "text_encoder")] + [
+            tmp_path / prod["caption"]["model"]]:
         folder.mkdir(parents=True)
         (folder / "config.json").write_text("{}")
         (folder / "model.safetensors").touch()
@@ -194,6 +195,7 @@ def test_every_stage_config_parses_after_apply(production_params, tmp_path, monk
     assert stage_config(IngestConfig, "ingest", prod).min_duration_s == 16.0
     assert stage_config(ShotsConfig, "shots", prod).min_scene_len == 15
     assert stage_config(IQAConfig, "iqa_filter", prod).metric == "maniqa"
+    assert stage_config(CaptionConfig, "caption", prod).max_new_tokens == 256
     assert [b.name for b in stage_config(AssembleConfig, "assemble", prod).buckets] == ["16-32s", "32-64s", ">64s"]
     assert stage_config(EncodeLatentsConfig, "encode_latents", prod).clip.width == 1280
     assert stage_config(TrackingConfig, "tracking", prod).enabled

@@ -68,8 +68,8 @@ def test_ingest_lists_every_file_with_lineage_in_mlflow(demo_repro):
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     exp = client.get_experiment_by_name("longlive-pipeline")
     runs = {r.data.tags["dvc.stage"]: r for r in client.search_runs([exp.experiment_id])}
-    assert set(runs) == {"demo_data", "weights", "ingest", "shots", "iqa_filter", "assemble", "encode_latents",
-                         "train_ar", "distill_dmd", "merge_w4a4", "evaluate", "package"}
+    assert set(runs) == {"demo_data", "weights", "ingest", "shots", "iqa_filter", "caption", "assemble",
+                         "encode_latents", "train_ar", "distill_dmd", "merge_w4a4", "evaluate", "package"}
     ingest_run = runs["ingest"]
     assert ingest_run.info.run_id == report(repo, "ingest")["mlflow_run_id"]
     assert ingest_run.data.tags["git.commit"] == head
@@ -107,8 +107,8 @@ def test_ingest_reruns_cheaply_and_sees_new_and_removed_files(demo_repro, tmp_pa
     pipeline = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags["dvc.stage"] == "pipeline"]
     assert len(pipeline) == 1
     assert pipeline[0].data.tags["stage.ingest.run_id"] == report(repo, "ingest")["mlflow_run_id"]
-    with sqlite3.connect(repo / "mlflow.db") as db:  # 12 stages, then 2 + 1 + 1 reruns, and the pipeline
-        assert db.execute("select count(*) from runs").fetchone()[0] == 17
+    with sqlite3.connect(repo / "mlflow.db") as db:  # 13 stages, then 2 + 1 + 1 reruns, and the pipeline
+        assert db.execute("select count(*) from runs").fetchone()[0] == 18
 
 
 def test_shots_finds_the_known_cuts_and_links_its_clips_from_the_dvc_cache(demo_repro, tmp_path):
@@ -169,15 +169,17 @@ def test_assemble_matches_captions_and_splits_by_video(demo_repro):
     for s in samples.itertuples(index=False):
         assert s.duration_s >= 1.5 and len(s.shot_indices) <= 4 and s.bucket
         video = by_path[s.path]
-        for idx, caption in zip(s.shot_indices, s.captions):
+        for idx, caption, source in zip(s.shot_indices, s.captions, s.caption_sources):
             shot = scores.loc[(s.video_id, idx)]
             assert shot["kept"]
             if video["caption_form"] == "shots":  # the true shot that holds this piece gives the caption
                 mid = (shot["start_frame"] + shot["end_frame"]) / 2
                 (true,) = [t for t in video["shots"] if t["start_frame"] <= mid < t["end_frame"]]
-                assert caption == true["caption"]
-            elif video["caption_form"] == "none":
-                assert caption == ""
+                assert caption == true["caption"] and source == "sidecar"
+            elif video["caption_form"] == "none":  # no sidecar: the caption stage's model (tiny, random) wrote it
+                assert caption and source == "model"
+            else:
+                assert source == "sidecar"
     report_dir = repo / "reports/curation"
     counts = json.loads((report_dir / "counts.json").read_text())
     assert counts["kept_shots"] == int(scores["kept"].sum()) and counts["samples"] == len(samples)
@@ -190,6 +192,39 @@ def test_assemble_matches_captions_and_splits_by_video(demo_repro):
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     run_id = report(repo, "assemble")["mlflow_run_id"]
     assert "curation/index.md" in {a.path for a in client.list_artifacts(run_id, "curation")}
+
+
+def test_caption_writes_the_models_captions_where_no_sidecar_has_one_and_reuses_them(demo_repro, tmp_path):
+    repo = demo_repro
+    forms = {v["path"]: v["caption_form"] for v in json.loads((repo / "data/demo/truth.json").read_text())["videos"]}
+    captions = pd.read_parquet(repo / "data/captions/captions.parquet")
+    scores = pd.read_parquet(repo / "data/iqa/scores.parquet")
+    assert len(captions) == int(scores["kept"].sum()) and (captions["fail_reason"] == "").all()
+    assert captions["caption"].str.len().gt(0).all()
+    for r in captions.itertuples(index=False):
+        assert r.caption_source == ("model" if forms[r.path] == "none" else "sidecar"), r.path
+    model = captions[captions["caption_source"] == "model"]
+    # the tiny model's random weights never stop on their own: every caption reached the bound and was cut
+    assert len(model) and model["truncated"].all() and (model["caption_tokens"] <= 24).all()
+    assert (model["tokens_per_s"] > 0).all()
+    subjects = pd.read_parquet(repo / "data/captions/subjects.parquet")
+    assert set(subjects["video_id"]) == set(captions["video_id"]) and not subjects["subjects_parsed"].any()
+    assert json.loads((repo / "data/weights/caption.json").read_text())["weights"]["model"]["sha256"] == "tiny"
+    rep = report(repo, "caption")
+    assert (rep["captioned"], rep["reused"], rep["failed"]) == (len(model), 0, 0) and rep["tokens_per_s_mean"] > 0
+    metrics = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}").get_run(rep["mlflow_run_id"]).data.metrics
+    assert {"tokens_per_s_mean", "noun_phrases_mean", "truncated", "failed"} <= set(metrics)
+    counts = json.loads((repo / "reports/curation/counts.json").read_text())["captions"]
+    assert (counts["model"], counts["sidecar"]) == (len(model), len(captions) - len(model))
+
+    # a rerun reuses every caption; an edited prompt template (a DVC dep) captions every model shot again
+    variant = workspace_copy(repo, tmp_path / "repo")
+    repro(variant, "--force", "--single-item", "caption")
+    assert (report(variant, "caption")["captioned"], report(variant, "caption")["reused"]) == (0, len(model))
+    template = variant / "configs/caption/prompt.txt"
+    template.write_text(template.read_text() + "Name the main colour first.\n")
+    assert ran(repro(variant, "--single-item", "caption"), "caption")
+    assert report(variant, "caption")["captioned"] == len(model)
 
 
 def read_shards(directory):
@@ -256,7 +291,7 @@ def test_an_edited_caption_and_re_encoded_clips_reach_every_later_stage(demo_rep
     (repo / "videos/city night/café scène.json").write_text(json.dumps({"caption": edited}))
     (repo / "params.yaml").write_text(params.replace("  clip_crf: 0 ", "  clip_crf: 30 "))
     out = repro(repo, "encode_latents")  # train_ar would train afresh on the new latents: its own tests
-    assert all(ran(out, s) for s in ("ingest", "shots", "iqa_filter", "assemble", "encode_latents"))
+    assert all(ran(out, s) for s in ("ingest", "shots", "iqa_filter", "caption", "assemble", "encode_latents"))
 
     samples = pd.read_parquet(repo / "data/samples/samples.parquet")
     cafe = samples[samples["path"] == "city night/café scène.mp4"]

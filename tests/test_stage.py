@@ -69,6 +69,8 @@ BAD_CONFIGS = [  # (stage, params changes, what the one line says)
     ("ingest", {"ingest": {"source": "s3://"}}, "names no bucket: write s3://bucket/prefix"),
     ("iqa_filter", {"iqa_filter": {"metric": "maniqa", "maniqa_checkpoint": "models/none.pt"}},
      "maniqa_checkpoint 'models/none.pt' is not a file"),
+    ("caption", {"caption": {"model": "models/no-vlm"}},
+     "caption.model 'models/no-vlm' is not a model folder (config.json and safetensors weights)"),
     ("encode_latents", {"encode_latents": {"vae": "models/no-vae"}},
      "encode_latents.vae: no VAE at models/no-vae: put the Wan2.2 VAE there in the Diffusers layout"),
     ("encode_latents", {"encode_latents": {"text_encoder": "."}},  # a folder, but no model in it

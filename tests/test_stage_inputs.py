@@ -106,6 +106,11 @@ def test_the_weights_stage_sees_weights_replaced_at_the_same_path(tmp_path, monk
     assert weights.body(weights.prepare(params), _Run())["files_changed"] == 1
     vae = json.loads((tmp_path / "data/weights/encode_latents.json").read_text())["weights"]["vae"]
     assert vae == {"path": str(tmp_path / "no-vae"), "sha256": "missing"}
+    # with generate.enhance, evaluate's videos depend on the enhancement model's weights too
+    params["generate"].update(enhance=True, enhance_model=str(ckpt))
+    assert weights.body(weights.prepare(params), _Run())["files_changed"] == 1
+    read = json.loads((tmp_path / "data/weights/evaluate.json").read_text())["weights"]
+    assert read["generate.enhance_model"]["path"] == str(ckpt)
 
 
 @pytest.mark.parametrize("module", sorted(lineage.SPEED_ONLY))

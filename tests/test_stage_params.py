@@ -101,5 +101,6 @@ def test_package_bundles_and_depends_on_the_params_files_of_the_stages_that_made
         assert params_path(stage).as_posix() in stages[stage]["outs"], stage
         recorded = stage_params(stage, params, REPO / "dvc.yaml")
         assert recorded is not None and stage in recorded  # every key it reads is in params.yaml
-    for stage in ("ingest", "shots", "iqa_filter", "assemble"):  # data stages: no record, see tasks/package.py
+    # data stages: no record, see tasks/package.py
+    for stage in ("ingest", "shots", "iqa_filter", "caption", "assemble"):
         assert stage_params(stage, params, REPO / "dvc.yaml") is None

@@ -5,22 +5,20 @@ form runs; each run is cut greedily into samples of at most ``max_shots`` shots 
 ``max_duration_s``; samples shorter than ``min_duration_s`` are dropped and counted. Each sample
 falls in a duration bucket and gets a ``sample_weight`` so that weighted sampling draws every
 bucket in its target share (the paper: a third each of 16-32 s, 32-64 s and >64 s). The
-train/val split hashes the video_id, so no video is in both.
+train/val split hashes the video_id, so no video is in both. Captions come from the caption stage
+(data/captions/captions.parquet), each with its source (sidecar or model) carried into the samples.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from pathlib import Path
 
 import pandas as pd
 
 from longlive_core.config import ConfigError
-from longlive_core.data.captions import CaptionError, read_sidecar
-from longlive_core.data.roots import SourceError, resolve_inside
 
 SAMPLE_COLUMNS = ["sample_id", "video_id", "path", "shot_indices", "num_shots", "start_frame", "end_frame",
-                  "duration_s", "shot_durations_s", "captions", "bucket", "sample_weight", "split"]
+                  "duration_s", "shot_durations_s", "captions", "caption_sources", "bucket", "sample_weight", "split"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,41 +67,25 @@ def bucket_of(duration: float, buckets: list[Bucket]) -> str | None:
     return next((b.name for b in buckets if b.holds(duration)), None)
 
 
-def shot_captions(shots: pd.DataFrame, manifest: pd.DataFrame, root: Path) -> list[str | None]:
-    """The caption whose sidecar interval overlaps each shot most (None: no caption). Each sidecar
-    must still be the one ingest read (its digest is in the manifest): an edit made since is an
-    error that says to rerun ingest, never a caption the manifest does not account for."""
-    # a content's path with status ok stands for it: byte-identical copies are marked duplicate
-    info = manifest[manifest["status"] == "ok"].set_index("video_id")
-    sidecars: dict[str, object] = {}
-    out: list[str | None] = []
-    for r in shots.itertuples(index=False):
-        if r.video_id not in sidecars:
-            sidecar = None
-            row = info.loc[r.video_id]
-            if row["caption_status"] == "ok" and isinstance(row["caption_path"], str):
-                try:
-                    sidecar, digest = read_sidecar(resolve_inside(root, row["caption_path"]))
-                except CaptionError as exc:
-                    digest = f"unreadable ({exc})"
-                if digest != row["caption_sha256"]:
-                    raise SourceError(f"{row['caption_path']} changed after ingest read it: rerun ingest "
-                                      "(`dvc repro` does) so the manifest records this version")
-            sidecars[r.video_id] = sidecar
-        sc = sidecars[r.video_id]
-        out.append(sc.caption_for(r.start_s, r.end_s) if sc else None)
-    return out
-
-
 @dataclasses.dataclass
 class AssembleOutcome:
     samples: pd.DataFrame
     counts: dict[str, float]
 
 
-def assemble_samples(scores: pd.DataFrame, manifest: pd.DataFrame, root: Path, cfg: AssembleConfig) -> AssembleOutcome:
+def assemble_samples(scores: pd.DataFrame, captions: pd.DataFrame, cfg: AssembleConfig) -> AssembleOutcome:
+    """``captions``: the caption stage's table (video_id, shot_index, caption or None, caption_source)."""
     kept = scores[scores["kept"]].sort_values(["video_id", "shot_index"]).reset_index(drop=True)
-    kept["caption"] = shot_captions(kept, manifest, root)
+    kept = kept.merge(captions[["video_id", "shot_index", "caption", "caption_source"]], how="left",
+                      on=["video_id", "shot_index"], validate="one_to_one", indicator=True)
+    unknown = kept[kept["_merge"] == "left_only"]
+    if len(unknown):
+        first = unknown.iloc[0]
+        raise ConfigError(f"{len(unknown)} kept shot(s) are not in the caption stage's table (e.g. "
+                          f"{first['path']}#{first['shot_index']}): rerun the caption stage")
+    kept = kept.drop(columns="_merge")
+    kept["caption"] = [c if isinstance(c, str) else None for c in kept["caption"]]
+    kept["caption_source"] = kept["caption_source"].fillna("")
     missing = kept["caption"].isna()
     if missing.any() and cfg.missing_caption == "fail":
         names = ", ".join(f"{r.path}#{r.shot_index}" for r in kept[missing].head(5).itertuples(index=False))
@@ -113,6 +95,7 @@ def assemble_samples(scores: pd.DataFrame, manifest: pd.DataFrame, root: Path, c
         kept = kept[~missing]
     else:
         kept.loc[missing, "caption"] = ""
+        kept.loc[missing, "caption_source"] = ""
 
     rows, too_short = [], 0
 
@@ -128,7 +111,7 @@ def assemble_samples(scores: pd.DataFrame, manifest: pd.DataFrame, root: Path, c
                      "shot_indices": [int(s.shot_index) for s in run], "num_shots": len(run),
                      "start_frame": int(first.start_frame), "end_frame": int(last.end_frame),
                      "duration_s": duration, "shot_durations_s": [float(s.duration_s) for s in run],
-                     "captions": [s.caption for s in run]})
+                     "captions": [s.caption for s in run], "caption_sources": [s.caption_source for s in run]})
 
     for _, shots in kept.groupby("video_id", sort=True):
         current: list = []

@@ -13,6 +13,10 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
+
+from longlive_core.data.roots import SourceError, resolve_inside
+
 
 class CaptionError(ValueError):
     """The sidecar is malformed; the message says what to fix."""
@@ -79,3 +83,29 @@ def read_sidecar(path: str | Path) -> tuple[Sidecar, str]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CaptionError(f"{path.name}: not readable JSON ({exc})") from exc
     return parse_sidecar(data, path.name), hashlib.sha256(raw).hexdigest()
+
+
+def shot_captions(shots: pd.DataFrame, manifest: pd.DataFrame, root: Path) -> list[str | None]:
+    """The caption whose sidecar interval overlaps each shot most (None: no caption). Each sidecar
+    must still be the one ingest read (its digest is in the manifest): an edit made since is an
+    error that says to rerun ingest, never a caption the manifest does not account for."""
+    # a content's path with status ok stands for it: byte-identical copies are marked duplicate
+    info = manifest[manifest["status"] == "ok"].set_index("video_id")
+    sidecars: dict[str, object] = {}
+    out: list[str | None] = []
+    for r in shots.itertuples(index=False):
+        if r.video_id not in sidecars:
+            sidecar = None
+            row = info.loc[r.video_id]
+            if row["caption_status"] == "ok" and isinstance(row["caption_path"], str):
+                try:
+                    sidecar, digest = read_sidecar(resolve_inside(root, row["caption_path"]))
+                except CaptionError as exc:
+                    digest = f"unreadable ({exc})"
+                if digest != row["caption_sha256"]:
+                    raise SourceError(f"{row['caption_path']} changed after ingest read it: rerun ingest "
+                                      "(`dvc repro` does) so the manifest records this version")
+            sidecars[r.video_id] = sidecar
+        sc = sidecars[r.video_id]
+        out.append(sc.caption_for(r.start_s, r.end_s) if sc else None)
+    return out

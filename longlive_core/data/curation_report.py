@@ -3,7 +3,8 @@
 Writes, into one directory: histograms of shot length, quality score and motion score with the
 thresholds drawn in; counts per reject reason and per bucket (counts.json); contact sheets (a few
 frames of each shot) of the best, the borderline and the rejected shots; the near-duplicate groups
-(near_duplicates.csv, one row per member, and a contact sheet of the first groups); and index.md
+(near_duplicates.csv, one row per member, and a contact sheet of the first groups); the captions'
+sources and density (tokens per second of video, distinct noun phrases per caption); and index.md
 tying them together.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ReportInputs:
     lower_better: bool
     min_motion: float
     dedup_hamming: int | None  # None: near-duplicates were not looked for
+    captions: pd.DataFrame | None = None  # the caption stage's table (caption/run.py CAPTION_COLUMNS)
 
 
 def _histogram(path: Path, values, title: str, xlabel: str, lines: dict[str, float]) -> None:
@@ -93,7 +95,7 @@ def write_curation_report(inp: ReportInputs, out_dir: Path, per_sheet: int = 6) 
               "near_duplicate_groups": int(duplicates["dup_group"].nunique()),
               "near_duplicate_shots": len(duplicates),
               "buckets": {str(k): int(v) for k, v in inp.samples["bucket"].value_counts().sort_index().items()},
-              "samples": len(inp.samples)}
+              "samples": len(inp.samples), "captions": caption_counts(inp.captions)}
     write_json(counts, out_dir / "counts.json")
     write_bytes(duplicates[["dup_group", "path", "shot_index", "iqa_score", "kept", "reject_reason"]]
                 .to_csv(index=False).encode("utf-8"), out_dir / "near_duplicates.csv")
@@ -115,7 +117,7 @@ def write_curation_report(inp: ReportInputs, out_dir: Path, per_sheet: int = 6) 
              "![shot length](shot_length.png) ![quality](iqa_score.png) ![motion](motion_score.png)", "",
              f"{counts['unscorable_frames']} sampled frames could not be scored by {inp.metric} (uniform, such as "
              "black ones in fades) and were left out of their shots' scores.", "",
-             *_duplicate_lines(duplicates, inp.dedup_hamming),
+             *_duplicate_lines(duplicates, inp.dedup_hamming), *_caption_lines(counts["captions"]),
              "Best kept shots:", "", "![best](contact_best.png)", "",
              f"Borderline (nearest the {inp.metric} threshold {inp.threshold}):", "",
              "![borderline](contact_borderline.png)", "", "Rejected:", "", "![rejected](contact_rejected.png)", ""]
@@ -138,3 +140,26 @@ def _duplicate_lines(duplicates: pd.DataFrame, hamming: int | None, listed: int 
         removed = ", ".join(f"{r.path} #{r.shot_index}" for r in rows[~rows["kept"]].itertuples())
         lines.append(f"| {number} | {kept} | {removed} |")
     return [*lines, "", "![near-duplicates](contact_duplicates.png)", ""]
+
+
+def caption_counts(captions: pd.DataFrame | None) -> dict:
+    """Where the kept shots' captions came from, and their density: the model's tokens per second of video
+    (model captions) and distinct noun phrases per caption (caption/text.py's heuristic, every caption)."""
+    if captions is None or not len(captions):
+        return {"shots": 0}
+    model = captions[captions["caption_source"] == "model"]
+    has = captions[captions["caption"].notna()]
+    return {"shots": len(captions), "sidecar": int((captions["caption_source"] == "sidecar").sum()),
+            "model": len(model), "failed": int((captions["fail_reason"] != "").sum()),
+            "truncated": int(model["truncated"].sum()), "without_caption": int(captions["caption"].isna().sum()),
+            "tokens_per_s_mean": float(model["tokens_per_s"].mean()) if len(model) else 0.0,
+            "noun_phrases_mean": float(has["noun_phrases"].mean()) if len(has) else 0.0}
+
+
+def _caption_lines(c: dict) -> list[str]:
+    if not c.get("shots"):
+        return []
+    return [f"Captions of the {c['shots']} kept shots: {c['sidecar']} from sidecars, {c['model']} from the caption "
+            f"model ({c['truncated']} cut at the token bound), {c['failed']} failed, {c['without_caption']} without "
+            f"one. Density: {c['tokens_per_s_mean']:.1f} model tokens per second of video, "
+            f"{c['noun_phrases_mean']:.2f} distinct noun phrases per caption.", ""]

@@ -40,7 +40,19 @@ def suite_settings(cfg: EvaluateConfig, generate: GenerateConfig, ran: dict, fvd
     ``ran``: a video's sidecar (the step list, window and sinks it ran, the folder's or the params')."""
     return {"suite": digest_json(cfg.suite)[:16], "seed": cfg.seed, "steps": list(ran["steps"]), "kv": generate.kv,
             "window": ran["window"], "global_sink": ran["global_sink"], "shot_sink": ran["shot_sink"],
-            "prompt_enhancement": None, "fvd_reference": fvd_reference}
+            "prompt_enhancement": enhancement_settings(generate), "fvd_reference": fvd_reference}
+
+
+def enhancement_settings(generate: GenerateConfig) -> dict | None:
+    """What a rewrite depends on (the model's weights, the request template, the examples, the bound);
+    None without ``generate.enhance``: two models are compared only with the same prompts."""
+    if not generate.enhance:
+        return None
+    from longlive_core.infer.enhance import template_digest
+    from longlive_core.models.weights import weights_identity
+
+    return {"model": weights_identity(generate.enhance_model), "template": template_digest(),
+            "examples": generate.enhance_examples, "max_new_tokens": generate.enhance_max_new_tokens}
 
 
 def pinned_to(generate: GenerateConfig, settings: dict) -> GenerateConfig:

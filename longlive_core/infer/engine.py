@@ -51,6 +51,11 @@ class GenerateConfig:
     vae_device: str = ""  # empty: the DiT's device; cuda:1 (a second GPU decodes while the first denoises) | cpu
     vae_dtype: str = "auto"  # the VAE's weights and activations: auto (bfloat16 on a GPU, float32 on the CPU) | ...
     vae_compile: bool = False  # torch.compile the VAE's per-frame decoder call (a GPU; ~80 s once per load)
+    # prompt enhancement (infer/enhance.py): a local language model rewrites the prompt file first
+    enhance: bool = False
+    enhance_model: str = "tiny"  # a local Qwen2.5-VL folder (the caption model's) | tiny (random: the demo's)
+    enhance_examples: int = 3  # training captions shown as style examples (the model folder's example bank)
+    enhance_max_new_tokens: int = 512
 
     def validate(self, where: str) -> None:
         for key, lists in (("step_lists", self.step_lists), ("step_list", [self.step_list] if self.step_list else [])):
@@ -77,6 +82,8 @@ class GenerateConfig:
             raise ConfigError(f"{where}: default_duration_s must be > 0 and window >= 1 (or null)")
         if any(v is not None and v < 0 for v in (self.global_sink, self.shot_sink)):
             raise ConfigError(f"{where}: global_sink and shot_sink must be >= 0 (or null)")
+        if self.enhance_examples < 0 or self.enhance_max_new_tokens < 1:
+            raise ConfigError(f"{where}: enhance_examples must be >= 0 and enhance_max_new_tokens >= 1")
 
     def cache(self, model: WanDiT, tokens_per_frame: int, sampling: RolloutConfig) -> KVCache:
         """The KV cache of a run sampled as ``sampling`` (``infer/sampling.run_sampling``), in ``kv``'s format."""

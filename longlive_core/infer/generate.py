@@ -39,6 +39,7 @@ from longlive_core.distributed.launch import torchrun_command, under_torchrun
 from longlive_core.distributed.ulysses import WHOLE, SequenceShard
 from longlive_core.infer.decode import FrameStream, ShotDecoder
 from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, EngineStats, GenerateConfig, generate
+from longlive_core.infer.enhance import Enhancement, ExampleBank, enhance, pooled, template_digest
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, ShotPlan, parse_prompts, plan_shots
 from longlive_core.infer.sampling import RunSampling, run_sampling
@@ -88,6 +89,7 @@ class Generation:
     sampling: RunSampling
     run: Callable[..., EngineStats]
     encoded_at: float  # perf_counter once the prompts are embedded: what time to first frame counts from
+    enhancement: Enhancement | None = None  # the prompt file's rewrite, where generate.enhance asks for one
 
 
 class Generator:
@@ -151,9 +153,14 @@ class Generator:
         config, model = self.config, self.model
         sampling = run_sampling(self.folder, cfg, steps)
         latent = config.latent
-        segments = parse_prompts(prompts.read_text(encoding="utf-8"), cfg.default_duration_s, str(prompts))
-        plan = plan_shots(segments, config.video.fps, latent.chunk_frames, latent.temporal_stride)
+        text = prompts.read_text(encoding="utf-8")
+        segments = parse_prompts(text, cfg.default_duration_s, str(prompts))
         encoder = text_encoder_from(self.encoders["text_encoder"], config.text_encoder.max_length, self.device)
+        enhancement = None
+        if cfg.enhance:
+            enhancement = self.enhanced(text, cfg, encoder, str(prompts))
+            segments = parse_prompts(enhancement.enhanced, cfg.default_duration_s, str(prompts))
+        plan = plan_shots(segments, config.video.fps, latent.chunk_frames, latent.temporal_stride)
         embedded = encoder.encode([s.prompt for s in segments])
         encoded_at = time.perf_counter()
         del encoder  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
@@ -164,7 +171,30 @@ class Generator:
         run = functools.partial(generate, model, plan, texts, cache, sampling.rollout.steps,
                                 latent_shape=(latent.channels, h, w), dtype=model.patch_embedding.weight.dtype,
                                 seed=cfg.seed, shot_offset=config.multi_shot.shot_rope_offset, shard=self.shard)
-        return Generation(plan, sampling, run, encoded_at)
+        return Generation(plan, sampling, run, encoded_at, enhancement)
+
+    def enhanced(self, text: str, cfg: GenerateConfig, encoder, source: str) -> Enhancement:
+        """The prompt file rewritten by ``cfg.enhance_model`` (loaded for this file and let go, as umT5 is),
+        shown the example bank's captions nearest the prompts by their pooled umT5 embeddings."""
+        if self.shard.size > 1:
+            raise ConfigError("generate.enhance with --sp > 1: every rank would have to be given rank 0's rewrite; "
+                              "enhance the prompt file in a run of one rank, or turn enhance off")
+        from longlive_core.caption.config import CaptionConfig
+        from longlive_core.caption.model import CaptionModel
+
+        examples: list[str] = []
+        bank = ExampleBank.load(self.model_dir)
+        if bank is not None and cfg.enhance_examples:
+            embedded = encoder.encode([s.prompt for s in parse_prompts(text, 1.0, source)]).cpu().numpy()
+            query = np.mean([pooled(e, np.abs(e).sum(axis=1) > 0) for e in embedded], axis=0)
+            examples = bank.nearest(query, cfg.enhance_examples)
+        # the model is this call's alone: gone with it, before the DiT runs
+        model = CaptionModel(CaptionConfig(model=cfg.enhance_model, max_new_tokens=cfg.enhance_max_new_tokens,
+                                           device=self.device.type), self.device)
+        out = enhance(text, lambda request: model.generate([(None, request)])[0].text, examples, source=source)
+        if not out.rewritten:
+            log.warning("prompt enhancement: %s; %s is used as given", out.reason, source)
+        return out
 
     def generate(self, prompts: str | Path, out: str | Path, steps: int | None = None,
                  cfg: GenerateConfig | None = None, on_frame: Callable[[np.ndarray], None] | None = None
@@ -234,6 +264,8 @@ class Generator:
             "sampling_from": g.sampling.source,
             "denoise_s": stats.denoise_s, "decode_s": stream.decode_s, "generate_s": elapsed,
             "load_s": self.load_s,  # the model and the VAE, once per Generator (compiling happens in the first chunk)
+            "prompt_enhancement": None if g.enhancement is None else {
+                **g.enhancement.record(), "model": cfg.enhance_model, "template": template_digest()},
             "wall_s": time.perf_counter() - wall,  # this video: its prompts embedded, the cache, every chunk
             # time to the first frame handed to the encoder: from this video's call (compiling included in a
             # Generator's first), and from its prompts embedded
@@ -317,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", help="auto | cpu | cuda")
     ap.add_argument("--vae-device", help="the VAE's device when not the DiT's: cuda:1 (a second GPU), cpu")
     ap.add_argument("--params", help="params file with a generate section (default: ./params.yaml if present)")
+    ap.add_argument("--enhance", action=argparse.BooleanOptionalAction, default=None,
+                    help="rewrite the prompt file with generate.enhance_model first (the original and the rewrite go "
+                         "into OUT.json; a reply that breaks the file's structure leaves it as given, with a warning)")
     ap.add_argument("--sp", type=int, default=1, help="sequence-parallel ranks (torchrun on this machine: one GPU "
                     "each, or CPU processes); the model's heads and the chunk's latent frames must split over them")
     argv = sys.argv[1:] if argv is None else argv
@@ -330,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         os.execvp(cmd[0], cmd)
     try:
         cfg = config_from(args.params, {"seed": args.seed, "kv": args.kv, "precision": args.precision,
-                                        "decode": args.decode, "device": args.device, "vae_device": args.vae_device})
+                                        "decode": args.decode, "device": args.device, "vae_device": args.vae_device,
+                                        "enhance": args.enhance})
         with sequence_parallel(args.sp, cfg.device) as shard:
             generate_file(args.model, args.prompts, args.out, cfg, args.steps, shard=shard)
     except (ConfigError, PromptFileError, CheckpointError) as e:
