@@ -50,21 +50,6 @@ def template_digest(path: Path = TEMPLATE) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def _prompt_lines(text: str) -> list[tuple[int, str, str]]:
-    """(index among text.splitlines(), what precedes the prompt, the prompt) of every non-blank line."""
-    out = []
-    for i, raw in enumerate(text.removeprefix("\ufeff").splitlines()):
-        if not raw.strip():
-            continue
-        head = "+" if raw.startswith("+") else ""
-        body = raw[len(head):]
-        if "\t" in body:
-            duration, _, body = body.partition("\t")
-            head += duration + "\t"
-        out.append((i, head, body.strip()))
-    return out
-
-
 def build_request(prompts: Sequence[str], examples: Sequence[str], template: str) -> str:
     shown = "".join(f"Example of the style: {e}\n" for e in examples)
     numbered = "\n".join(f"{n}. {p}" for n, p in enumerate(prompts, start=1))
@@ -92,17 +77,16 @@ def enhance(text: str, rewrite: Callable[[str], str], examples: Sequence[str] = 
             source: str = "the prompt file") -> Enhancement:
     """``text`` (a prompt file, read before anything is asked of the model: a bad line is the user's
     error, as without enhancement) rewritten by ``rewrite`` (request -> reply)."""
-    parse_prompts(text, 1.0, source)
-    lines = _prompt_lines(text)
-    request = build_request([p for _, _, p in lines], examples, template or template_text())
+    segments = parse_prompts(text, 1.0, source)
+    request = build_request([s.text for s in segments], examples, template or template_text())
     examples = tuple(examples)
-    new = parse_reply(rewrite(request), len(lines))
+    new = parse_reply(rewrite(request), len(segments))
     if new is None:
-        return Enhancement(text, text, False, f"the model's reply did not give back {len(lines)} numbered prompts",
+        return Enhancement(text, text, False, f"the model's reply did not give back {len(segments)} numbered prompts",
                            examples)
     rows = text.removeprefix("\ufeff").splitlines()
-    for (i, head, _), prompt in zip(lines, new):
-        rows[i] = head + prompt
+    for segment, prompt in zip(segments, new):
+        rows[segment.line - 1] = segment.head + prompt
     rebuilt = "\n".join(rows) + "\n"
     try:
         parse_prompts(rebuilt, 1.0, "the rewritten prompt file")

@@ -41,7 +41,7 @@ from longlive_core.infer.decode import FrameStream, ShotDecoder
 from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, EngineStats, GenerateConfig, generate
 from longlive_core.infer.enhance import Enhancement, ExampleBank, enhance, pooled, template_digest
 from longlive_core.infer.model_folder import load_model_folder
-from longlive_core.infer.prompts import PromptFileError, ShotPlan, parse_prompts, plan_shots
+from longlive_core.infer.prompts import PromptFileError, Segment, ShotPlan, parse_prompts, plan_shots
 from longlive_core.infer.sampling import RunSampling, run_sampling
 from longlive_core.io.atomic import atomic_path, write_json
 from longlive_core.models.encoders import check_encoders
@@ -158,7 +158,7 @@ class Generator:
         encoder = text_encoder_from(self.encoders["text_encoder"], config.text_encoder.max_length, self.device)
         enhancement = None
         if cfg.enhance:
-            enhancement = self.enhanced(text, cfg, encoder, str(prompts))
+            enhancement = self.enhanced(text, segments, cfg, encoder, str(prompts))
             segments = parse_prompts(enhancement.enhanced, cfg.default_duration_s, str(prompts))
         plan = plan_shots(segments, config.video.fps, latent.chunk_frames, latent.temporal_stride)
         embedded = encoder.encode([s.prompt for s in segments])
@@ -173,7 +173,7 @@ class Generator:
                                 seed=cfg.seed, shot_offset=config.multi_shot.shot_rope_offset, shard=self.shard)
         return Generation(plan, sampling, run, encoded_at, enhancement)
 
-    def enhanced(self, text: str, cfg: GenerateConfig, encoder, source: str) -> Enhancement:
+    def enhanced(self, text: str, segments: list[Segment], cfg: GenerateConfig, encoder, source: str) -> Enhancement:
         """The prompt file rewritten by ``cfg.enhance_model`` (loaded for this file and let go, as umT5 is),
         shown the example bank's captions nearest the prompts by their pooled umT5 embeddings."""
         if self.shard.size > 1:
@@ -185,7 +185,7 @@ class Generator:
         examples: list[str] = []
         bank = ExampleBank.load(self.model_dir)
         if bank is not None and cfg.enhance_examples:
-            embedded = encoder.encode([s.prompt for s in parse_prompts(text, 1.0, source)]).cpu().numpy()
+            embedded = encoder.encode([s.prompt for s in segments]).cpu().numpy()
             query = np.mean([pooled(e, np.abs(e).sum(axis=1) > 0) for e in embedded], axis=0)
             examples = bank.nearest(query, cfg.enhance_examples)
         # the model is this call's alone: gone with it, before the DiT runs

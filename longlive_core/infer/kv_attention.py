@@ -158,11 +158,13 @@ if triton is not None:
         tl.store(Out + bh * M * D + offs_m[:, None] * D + offs_d[None, :], _bf16(out), mask=rows)
 
 
-def _stacked(chunks: list[QuantizedChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The chunks' codes and scales laid end to end over the tokens, and each token's 1 / S_enc."""
+def _stacked(chunks: list[QuantizedChunk], per_token=lambda s_enc: torch.reciprocal(s_enc.float())
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chunks' codes and scales laid end to end over the tokens, and ``per_token(S_enc)`` of each
+    token's chunk (float32; by default 1 / S_enc)."""
     codes = torch.cat([c.codes for c in chunks], dim=2)
     scales = torch.cat([c.scales for c in chunks], dim=2).view(torch.uint8)
-    decode = torch.cat([torch.reciprocal(c.encode_scale.float()).expand(c.tokens) for c in chunks])
+    decode = torch.cat([per_token(c.encode_scale).float().expand(c.tokens) for c in chunks])
     return codes.contiguous(), scales.contiguous(), decode.contiguous()
 
 
@@ -177,9 +179,7 @@ def dequantized_window(chunks: list[QuantizedChunk], own: torch.Tensor, block_n:
     if d % BLOCK or d & (d - 1) or own.dtype != torch.bfloat16:
         raise ValueError(f"a bfloat16 window whose head dimension is a power of two and a multiple of {BLOCK}; "
                          f"got {own.dtype}, {d}")
-    codes = torch.cat([c.codes for c in chunks], dim=2).contiguous()
-    scales = torch.cat([c.scales for c in chunks], dim=2).view(torch.uint8).contiguous()
-    divisors = torch.cat([c.encode_scale.to(torch.bfloat16).float().expand(c.tokens) for c in chunks]).contiguous()
+    codes, scales, divisors = _stacked(chunks, lambda s_enc: s_enc.to(torch.bfloat16))
     n = codes.shape[2]
     out = torch.empty((b, h, n + m, d), dtype=torch.bfloat16, device=own.device)
     if n:

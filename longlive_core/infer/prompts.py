@@ -27,6 +27,8 @@ class Segment:
     prompt: str  # as the text encoder gets it (the scene-transition prefix included)
     duration_s: float
     new_shot: bool  # False: a "+" line, a prompt change inside the shot
+    head: str = ""  # what precedes the prompt on its line: the "+" of a change, the duration and its tab
+    text: str = ""  # the prompt as the line writes it (no scene-transition prefix)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,7 @@ def parse_prompts(text: str, default_duration_s: float, source: str = "the promp
             raise PromptFileError(f"{where}: a '+' line changes the prompt inside a shot, and no shot starts before it")
         body = raw[1:] if change else raw
         duration = default_duration_s
+        head = ""
         if "\t" in body:
             head, _, body = body.partition("\t")
             try:
@@ -79,7 +82,8 @@ def parse_prompts(text: str, default_duration_s: float, source: str = "the promp
         if not change:
             shot += 1
         prefix = SCENE_TRANSITION if not change and shot > 0 else ""
-        segments.append(Segment(number, shot, prefix + prompt, duration, not change))
+        segments.append(Segment(number, shot, prefix + prompt, duration, not change,
+                                ("+" if change else "") + (head + "\t" if "\t" in raw else ""), prompt))
     if not segments:
         raise PromptFileError(f"{source} holds no prompt")
     return segments
