@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import statistics
@@ -130,6 +131,7 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
         rows.append(row)
         print(json.dumps(row), flush=True)
     del trainer
+    gc.collect()  # the trainer's cycles hold its GPU memory: the next config's planner would count it
     torch.cuda.empty_cache()
 
 

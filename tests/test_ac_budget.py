@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, block_kind, check_peak, require_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, plan_block, plan_blocks
-from longlive_core.distributed.ac_profile import profile_block
+from longlive_core.distributed.ac_profile import compiled_transient, profile_block
 from longlive_core.distributed.parallelize import apply_activation_checkpointing, clean_name
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
@@ -278,3 +278,15 @@ def test_a_measured_peak_above_the_limit_says_by_how_much():
     with pytest.raises(ConfigError, match=r"step 3 peaked at 1.50 GiB, 0.50 GiB above the limit of 1.00 GiB; "
                                           r"the plan predicted 0.90 GiB: lower train_ar.ac_memory_limit_gib"):
         check_peak(3 * 2**29, 2**30, int(0.9 * 2**30), "train_ar.ac_memory_limit_gib", 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+def test_a_compiled_block_is_priced_as_the_compiler_keeps_it():
+    # eager keeps each linear's output and each GELU's; compiled code fuses the GELUs into the backward
+    block = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 4096), nn.GELU(),
+                          nn.Linear(4096, 1024)).cuda()
+    x = torch.randn(8192, 1024, device="cuda", requires_grad=True)
+    eager = profile_block(block, (x,))
+    compiled = compiled_transient(block, (x,))
+    assert all(p.grad is None for p in block.parameters())  # as profile_block left them
+    assert 0 < compiled < eager.transient_bytes, (compiled, eager.transient_bytes)

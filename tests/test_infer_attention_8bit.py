@@ -27,7 +27,9 @@ def check(device: str, heads: int = 2, dim: int = 64, queries: int = 40, keys: i
     x = (torch.randn(70, dim, generator=g) * 3).to(device, torch.bfloat16)
     codes, scales = int8_rows(x)
     want_codes, want_scales = int8_rows_torch(x)
-    assert torch.equal(codes, want_codes) and torch.equal(scales, want_scales)
+    assert torch.equal(codes, want_codes)
+    # torch on CUDA divides by a scalar as a product with its reciprocal: an ulp from div_rn (H200)
+    torch.testing.assert_close(scales, want_scales, rtol=2**-22, atol=0)
     errors = {}
     for sharpness in (1.0, 3.0):
         q = (torch.randn(1, heads, queries, dim, generator=g) * sharpness).to(device, torch.bfloat16)

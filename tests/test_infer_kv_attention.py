@@ -92,3 +92,27 @@ def test_the_window_kernel_dequantizes_bit_for_bit_as_torch_in_the_interpreter()
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
 def test_the_window_kernel_dequantizes_bit_for_bit_as_torch_on_the_gpu():
     assert window_matches("cuda", heads=24, dim=128, tokens=(7040, 7040, 7040), own=7040, block_n=64)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+def test_the_cache_reads_an_nvfp4_window_through_the_kernel_on_the_gpu(monkeypatch):
+    from longlive_core.infer import kv_attention
+    from longlive_core.infer.kv_quant import QuantizedChunk
+
+    calls = []
+    monkeypatch.setattr(kv_attention, "dequantized_window",
+                        lambda *a, _f=kv_attention.dequantized_window: calls.append(1) or _f(*a))
+    chunk = QuantizedChunk.of(torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16))
+    own = torch.randn(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(kv_attention.window([chunk], own), torch.cat([chunk.dequantize(torch.bfloat16), own], dim=2))
+    assert calls == [1]
+
+
+def test_a_window_off_the_gpu_is_read_by_torch():
+    from longlive_core.infer.kv_attention import window
+    from longlive_core.infer.kv_quant import QuantizedChunk
+
+    chunk = QuantizedChunk.of(torch.randn(1, 2, 16, 32, dtype=torch.bfloat16))
+    own = torch.randn(1, 2, 8, 32, dtype=torch.bfloat16)
+    assert torch.equal(window([chunk], own), torch.cat([chunk.dequantize(torch.bfloat16), own], dim=2))
+    assert torch.equal(window([], own), own)

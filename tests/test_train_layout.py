@@ -86,7 +86,7 @@ def test_per_shot_captions_equal_a_loop_over_shots():
     x = torch.randn(1, 4 * tpf, cfg.dim)  # [clean 0, clean 1, noisy 0, noisy 1]
     captions = torch.randn(1, 2 * tokens, cfg.dim)
     with torch.no_grad():
-        together = block.cross_attn(x, captions, mask_mod=layout.cross_mask(torch.tensor([[0, 1]])))
+        together = block.cross_attn(x, captions, mask_mod=layout.cross_mask(torch.tensor([[0, 1]]), 2))
         expected = torch.cat([block.cross_attn(x[:, i * tpf:(i + 1) * tpf], captions[:, s * tokens:(s + 1) * tokens])
                               for i, s in enumerate([0, 1, 0, 1])], dim=1)
     torch.testing.assert_close(together, expected)
@@ -107,7 +107,7 @@ def test_whole_model_reads_each_frames_own_caption():
     changed[:, tokens:] = torch.randn(1, tokens, cfg.text_dim)
     t = layout.timesteps(torch.tensor([[500.0, 200.0]]))
     kwargs = dict(frame_positions=layout.frame_positions(torch.arange(frames)), mask_mod=layout.self_mask(),
-                  cross_mask_mod=layout.cross_mask(shots))
+                  cross_mask_mod=layout.cross_mask(shots, 2))
     with torch.no_grad():
         a = model(latents, t, text, **kwargs)
         b = model(latents, t, changed, **kwargs)

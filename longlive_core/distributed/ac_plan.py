@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import numpy as np
 
 GRID = 16384  # the knapsack's units over all candidates at most: each ~0.006% of their bytes
-FORMAT = 1  # bumped when a profile or plan means something else: cached ones are then not read
+FORMAT = 2  # bumped when a profile or plan means something else: cached ones are then not read
 
 
 def _ns(seconds: float) -> int:
@@ -50,8 +50,9 @@ class BlockProfile:
     ops: tuple[OpCost, ...]  # the counted ops, in forward order
     forward_s: float  # the whole forward, ops that are not counted included
     input_bytes: int  # the block's first input: the residual stream every block's checkpoint keeps
-    transient_bytes: int  # the most one block's forward and backward add at once (measured on CUDA; on
-    # the CPU, which has no allocator statistics, every output's bytes: an upper bound)
+    transient_bytes: int  # the most one block's forward and backward add at once (measured on CUDA, of the
+    # compiled block where the step compiles; on the CPU, which has no allocator statistics, every
+    # output's bytes: an upper bound)
     device: str
 
     def to_json(self) -> dict:

@@ -186,6 +186,27 @@ def profile_block(block: torch.nn.Module, args: tuple, kwargs: Mapping | None = 
     return BlockProfile(tuple(ops), forward, first.untyped_storage().nbytes(), transient, str(device))
 
 
+def compiled_transient(block: torch.nn.Module, args: tuple, kwargs: Mapping | None = None) -> int:
+    """The most one forward and backward of ``block`` compiled (as a step compiles it: static shapes, no
+    checkpointing) adds at once on CUDA: what a block of a compiled step holds while it recomputes and
+    differentiates. The eager profile's transient counts every intermediate the compiled code fuses
+    away (measured on the H200, 5B dims, 56,320 tokens: ~6 GB more than the step's peak showed). The
+    block's gradients and the inputs' are left as they were."""
+    kwargs = dict(kwargs or {})
+    grads = [(t, t.grad) for t in list(block.parameters()) + _tensors((args, kwargs)) if t.requires_grad]
+    compiled = torch.compile(block, dynamic=False)
+    _backward(compiled(*args, **kwargs))  # compiles
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    _backward(compiled(*args, **kwargs))
+    torch.cuda.synchronize()
+    transient = torch.cuda.max_memory_allocated() - base
+    for t, g in grads:
+        t.grad = g
+    return transient
+
+
 def counted_policy(saved: frozenset[str], matched: set[str] | None = None) -> Callable:
     """A selective-checkpointing policy that keeps the outputs of the ops ``saved`` names (ids as
     the profile gives them) and lets everything else be recomputed. Forward and recomputation count

@@ -188,6 +188,17 @@ def dequantized_window(chunks: list[QuantizedChunk], own: torch.Tensor, block_n:
     return out
 
 
+def window(chunks: list, own: torch.Tensor) -> torch.Tensor:
+    """[the cached chunks, dequantized to ``own``'s dtype; ``own``] along the tokens: NVFP4 chunks on a GPU
+    through ``dequantized_window`` (as fast as reading a BF16 cache on the H200, where the torch
+    passes are 1.4x slower: bench/RESULTS.md), anything else through torch; the same bits either way."""
+    d = own.shape[-1]
+    if (chunks and own.is_cuda and own.dtype == torch.bfloat16 and available() and d % BLOCK == 0
+            and d & (d - 1) == 0 and all(isinstance(c, QuantizedChunk) for c in chunks)):
+        return dequantized_window(chunks, own)
+    return torch.cat([c.dequantize(own.dtype) for c in chunks] + [own], dim=2)
+
+
 def nvfp4_cache_attention(q: torch.Tensor, past_k: list[QuantizedChunk], past_v: list[QuantizedChunk],
                           k: torch.Tensor, v: torch.Tensor, block_m: int = BLOCK_M, block_n: int = BLOCK_N
                           ) -> torch.Tensor:

@@ -14,8 +14,10 @@ and the shot sink, the first ``shot_frames`` of the current shot. The sinks are 
 over the frames the cache holds, not copies: a new shot (``start_shot``) moves the shot sink's start
 to where the shot's first frame will be written, and the previous shot's sink frames age out like
 any other. Keys and values may be held in NVFP4 (``kv_quant.py``), dequantized to the compute dtype
-for each read and attended by SDPA. (A Triton kernel that dequantizes in registers instead,
-``kv_attention.py``, measured 2.8x slower than this on the H200: bench/RESULTS.md.)
+for each read (on a GPU by one Triton launch that writes the window once: ``kv_attention.window``) and
+attended by SDPA. (Dequantizing inside the attention kernel instead, ``kv_attention.nvfp4_cache_attention``,
+measured 3.9x slower than this on the H200: every query tile decodes the whole window again;
+bench/RESULTS.md.)
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import dataclasses
 import torch
 
 from longlive_core.infer.config import SinkConfig
+from longlive_core.infer.kv_attention import window
 from longlive_core.infer.kv_quant import KVQuantConfig, QuantizedChunk
 from longlive_core.models.attention import MaskMod, attend
 
@@ -193,8 +196,7 @@ class CachedAttention:
             raise ValueError("cached attention takes no mask: the cache holds exactly what the chunk may see")
         # the chunk's own keys minus the same K-smoothing mean as the cached ones (NVFP4 only)
         own_k = smoothed(k, self.key_mean)
-        full_k = torch.cat([c.dequantize(k.dtype) for c in self.past_k] + [own_k], dim=2)
-        full_v = torch.cat([c.dequantize(v.dtype) for c in self.past_v] + [v], dim=2)
+        full_k, full_v = window(self.past_k, own_k), window(self.past_v, v)
         out = attend(q, full_k, full_v, None, backend="sdpa")  # no mask: dense flash attention where there is one
         if self.writing:
             self.cache._append(self.index, k, v)

@@ -97,17 +97,33 @@ def rows_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: DenseRo
                       for q0, q1, ranges in rows], dim=2)
 
 
+def with_dense_mask(mask_mod: MaskMod, q_len: int, kv_len: int, device: torch.device) -> MaskMod:
+    """``mask_mod`` carrying its (q_len, kv_len) boolean mask, made now: a compiled block reads it as an
+    input (no guard on its values, no recompilation when it changes)."""
+    mask_mod.dense = dense_mask(mask_mod, q_len, kv_len, device)
+    return mask_mod
+
+
 def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
-    mask = None if mask_mod is None else dense_mask(mask_mod, q.shape[2], k.shape[2], q.device)
+    mask = getattr(mask_mod, "dense", None)
+    if mask is not None and mask.shape != (q.shape[2], k.shape[2]):
+        raise ValueError(f"the mask was made for {tuple(mask.shape)} (queries, keys); attention got "
+                         f"{q.shape[2]} queries and {k.shape[2]} keys")
+    if mask is None and mask_mod is not None:
+        mask = dense_mask(mask_mod, q.shape[2], k.shape[2], q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None = None,
            backend: str | None = None) -> torch.Tensor:
     """Attention of (B, heads, L, head_dim) tensors; ``backend`` "rows" (the default where the mask has
-    dense rows), "flex" (the CUDA default otherwise) or "sdpa" (a dense boolean mask)."""
+    dense rows), "sdpa" (a dense boolean mask: the default without a mask or with one made by
+    ``with_dense_mask``, and on the CPU) or "flex" (the CUDA default for other masks)."""
     rows = getattr(mask_mod, "dense_rows", None)
-    backend = backend or ("rows" if rows is not None else "flex" if q.is_cuda else "sdpa")
+    # SDPA without a mask or with one made beforehand: FlexAttention inside a checkpointed block under
+    # torch.compile sends the whole block to eager (on the H200 every checkpointing mode ran at eager speed)
+    made = mask_mod is None or getattr(mask_mod, "dense", None) is not None
+    backend = backend or ("rows" if rows is not None else "flex" if q.is_cuda and not made else "sdpa")
     if backend == "rows":
         if rows is None:
             raise ValueError("attention backend 'rows' needs a mask_mod with dense rows (with_dense_rows)")

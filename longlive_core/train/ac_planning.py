@@ -9,7 +9,8 @@ starts (parameter shards, the EMA), the float32 gradient shards, AdamW's two mom
 first optimizer step), FSDP's buffers (two blocks' gathered compute copies, one block's unsharded
 float32 gradients, the root's gathered parameters); and per window every block's input (the
 residual stream each checkpoint keeps), one block's forward and backward at once (the profile's
-transient: the block in backward recomputes what it did not keep) and the activations outside the
+transient: the block in backward recomputes what it did not keep; measured on the compiled block
+when the step compiles) and the activations outside the
 blocks (the embedding's output, the head's float32 copies). That is what a ``full`` step keeps, the
 floor; what the limit leaves above it the knapsack shares among the blocks. After every step the
 measured peak (on CUDA, the world's largest) is checked against the limit.
@@ -34,7 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, check_peak, memory_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
-from longlive_core.distributed.ac_profile import profile_block
+from longlive_core.distributed.ac_profile import compiled_transient, profile_block
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.checkpointing import agree
@@ -141,7 +142,12 @@ class WindowPlanner:
             if cuda:  # this device's generator alone (manual_seed would touch every GPU's)
                 torch.cuda.manual_seed(0)
             args = block_inputs(self.model, layout, self.grid, self.dtype, self.device)
-            return {kind: profile_block(probe, args) for kind, probe in sorted(self.budget.probes.items())}
+            profiles = {kind: profile_block(probe, args) for kind, probe in sorted(self.budget.probes.items())}
+            if cuda and self.cfg.compile:  # the floor's transient as the compiled step holds it
+                profiles = {kind: dataclasses.replace(p, transient_bytes=compiled_transient(self.budget.probes[kind],
+                                                                                            args))
+                            for kind, p in profiles.items()}
+            return profiles
 
     def _plan_window(self, window: int) -> dict:
         layout = TeacherForcingLayout(window, self.cfg.chunk_frames, self.grid[0] * self.grid[1], self.text_tokens,

@@ -25,7 +25,7 @@ def teacher_forcing_velocity(model: WanDiT, layout: TeacherForcingLayout, clean:
     device = clean.device
     text_in = text.reshape(1, -1, text.shape[-1]).to(device, dtype)
     # one caption: every frame reads it, no mask needed (and none to build)
-    cross = layout.cross_mask(shot_of_frame[None].to(device)) if text.shape[0] > 1 else None
+    cross = layout.cross_mask(shot_of_frame[None].to(device), text.shape[0]) if text.shape[0] > 1 else None
     out = model(layout.sequence(clean, noisy).to(dtype), layout.timesteps(FlowMatching.timestep(chunk_sigma)), text_in,
                 frame_positions=layout.frame_positions(positions.to(device)), mask_mod=layout.self_mask(),
                 cross_mask_mod=cross)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from longlive_core.models.attention import DenseRows, MaskMod, with_dense_rows
+from longlive_core.models.attention import DenseRows, MaskMod, with_dense_mask, with_dense_rows
 
 # token index -> (chunk index within the sample, is-noisy), as tensors; the order of tokens in the sequence
 Roles = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -132,10 +132,16 @@ class TeacherForcingLayout:
         """One mask object per layout shape, so attention's block-mask cache serves every step of it."""
         return _self_mask(self.frames, self.chunk, self.tokens_per_frame, self.sp)
 
-    def cross_mask(self, shot_of_frame: torch.Tensor) -> MaskMod:
-        """shot_of_frame (B, F): the caption each latent frame reads; both copies of a frame read it."""
-        return per_frame_text_mask(torch.cat([shot_of_frame, shot_of_frame], dim=1), self.tokens_per_frame,
-                                   self.text_tokens)
+    def cross_mask(self, shot_of_frame: torch.Tensor, captions: int) -> MaskMod:
+        """shot_of_frame (B, F): the caption each latent frame reads (of ``captions``); both copies of a
+        frame read it. For one sample the boolean mask is made here (SDPA reads it: a compiled,
+        checkpointed block traces that, where FlexAttention's block mask sends the block to eager)."""
+        segment = torch.cat([shot_of_frame, shot_of_frame], dim=1)
+        mask = per_frame_text_mask(segment, self.tokens_per_frame, self.text_tokens)
+        if segment.shape[0] == 1:
+            mask = with_dense_mask(mask, segment.shape[1] * self.tokens_per_frame, captions * self.text_tokens,
+                                   segment.device)
+        return mask
 
     def attended_pairs(self) -> int:
         """Unmasked (query, key) token pairs of the whole sample's self-attention, for FLOP counting."""
