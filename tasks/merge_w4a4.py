@@ -3,7 +3,9 @@ and held packed in NVFP4 in compressed-tensors' nvfp4-pack-quantized layout (mod
 config.json with its quantization_config), loaded back through the project's loader and compared with
 the BF16 merged model on fixed inputs (``distill/merge.py``: ``merge_w4a4``; over
 ``merge_w4a4.max_rel_error`` the stage fails and models/w4a4 stays as it was):
-reports/merge_w4a4/metrics.json."""
+reports/merge_w4a4/metrics.json. The folder also holds prompt enhancement's example bank
+(enhance_examples.*: ``latents/example_bank.py``), made here where the latent cache is an input, so
+the bundle, a copy of the folder, carries it."""
 from __future__ import annotations
 
 import dataclasses
@@ -69,7 +71,8 @@ def one_line(s) -> str:
     return (f"{s['packed_layers']} layers packed, {s['disk_bytes'] / 2**20:.2f} MiB on disk ({s['size_ratio']:.2f}x "
             f"smaller than bf16; {s['quantized_size_ratio']:.2f}x for the quantized part); output error against the "
             f"BF16 merged model {s['rel_error_w4a4_vs_bf16']:.4f} (at most {s['max_rel_error']}), against the "
-            f"generator as distilled {s['rel_error_w4a4_vs_distilled']:.4f}; {s['inputs']}")
+            f"generator as distilled {s['rel_error_w4a4_vs_distilled']:.4f}; {s['inputs']}; "
+            f"{s.get('example_captions', 0)} train captions kept as prompt enhancement's examples")
 
 
 def main() -> None:

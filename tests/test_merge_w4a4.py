@@ -11,12 +11,13 @@ import torch
 from longlive_core.distill.config import MergeW4A4Config
 from longlive_core.distill.lora import LORA_TARGETS, lora_config
 from longlive_core.distill.merge import MergeError, merge_inputs, merge_w4a4
+from longlive_core.infer.enhance import ExampleBank
 from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.folder import AdapterFolder, AdapterSettings, Sampling, read_dit_folder, write_config
 
 from .helpers.ar_model import folder_config, make_ar_model
-from .helpers.latent_cache import SMALL, make_cache
+from .helpers.latent_cache import SMALL, TEXT_DIM, make_cache
 
 STEPS = (1000, 946, 854, 681, 0)
 
@@ -62,6 +63,9 @@ def test_the_merge_reports_its_errors_and_over_the_bound_fails_leaving_the_folde
     assert 0 < metrics["rel_error_w4a4_vs_distilled"] < 0.5 and metrics["packed_layers"] == 20
     written = (out / "model.safetensors").read_bytes()
     assert read_dit_folder(out).format == "longlive-w4a4"
+    bank = ExampleBank.load(out)  # the train captions, for the bundle copied from the folder
+    assert bank.captions == ("caption 0", "caption 1", "caption 2") and metrics["example_captions"] == 3
+    assert bank.embeddings.shape == (3, TEXT_DIM)
     with pytest.raises(MergeError, match=r"over merge_w4a4.max_rel_error 1e-06: .* keeps the model it held"):
         merge_w4a4(ar, dmd, latents, dataclasses.replace(cfg, max_rel_error=1e-6, seed=1), out, folder,
                    torch.device("cpu"))

@@ -26,6 +26,7 @@ from peft import PeftModel
 from safetensors import safe_open
 
 from longlive_core.config import load_params, stage_config
+from longlive_core.infer.enhance import ExampleBank
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.latents.encode import EncodeLatentsConfig
 from longlive_core.models.checkpoint import load_dit
@@ -494,6 +495,12 @@ def test_package_writes_a_verified_bundle_and_registers_it_as_candidate_and_cham
     assert train["train_ar"] == params["train_ar"] and train["encode_latents"]["vae"] == "tiny"
     assert "orchestration" not in train and "ingest" not in train
     assert "its encoders are the built-in tiny ones" in run(["longlive", "bundle", "verify", "dist"], repo).stdout
+    # prompt enhancement's examples in the folder `longlive generate --model dist/model` reads: the train captions
+    index = pd.read_parquet(repo / "data/latents/index.parquet")
+    train = index.loc[index["split"] == "train", "caption"]
+    captions = {(c or "").removeprefix(SCENE_TRANSITION).strip() for c in train}
+    bank = ExampleBank.load(repo / "dist/model")
+    assert bank is not None and set(bank.captions) == captions - {""} and len(bank.captions) == len(set(bank.captions))
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
     champion = client.get_model_version_by_alias("longlive-2.0", "champion")  # no champion before: the verdict passed
     assert champion.tags["bundle.version"] == version

@@ -118,6 +118,7 @@ class MergeW4A4Config:
     seed: int = 0
     max_rel_error: float = 0.1  # the W4A4 model's output error against the BF16 merged model; over it, the merge fails
     device: str = "auto"
+    example_captions: int = 4096  # train captions kept in the folder as prompt enhancement's examples (0: none)
 
     def validate(self, where: str) -> None:
         if self.recipe not in NVFP4_RECIPE_NAMES:
@@ -129,3 +130,6 @@ class MergeW4A4Config:
             raise ConfigError(f"{where}: calibration_inputs and eval_inputs must be at least 1")
         if not self.max_rel_error > 0:
             raise ConfigError(f"{where}.max_rel_error must be > 0; got {self.max_rel_error}")
+        if self.example_captions < 0:
+            raise ConfigError(f"{where}.example_captions must be >= 0 (0: no example bank); got "
+                              f"{self.example_captions}")

@@ -148,11 +148,14 @@ def merge_w4a4(ar_dir: Path, dmd_dir: Path, latents: Path, cfg: MergeW4A4Config,
     packed in NVFP4 (compressed-tensors' layout), written to ``out_dir`` (``folder(quantization)``: its
     config.json) once it is loaded back through the inference loader and its output error against
     the BF16 merged model is within ``cfg.max_rel_error``; otherwise a MergeError and ``out_dir`` is
-    left as it was. Returns the metrics: sizes, the errors (also against the generator as distilled,
-    NVFP4 base and adapter, and of BF16 against float32), the inputs used."""
+    left as it was. The folder also holds prompt enhancement's example bank, made from ``latents``'
+    train captions (``cfg.example_captions`` at most), so the bundle copied from it carries it.
+    Returns the metrics: sizes, the errors (also against the generator as distilled, NVFP4 base and
+    adapter, and of BF16 against float32), the inputs used, the example captions kept."""
     from safetensors.torch import save_file
 
     from longlive_core.infer.model_folder import W4A4_WEIGHTS, load_w4a4
+    from longlive_core.latents.example_bank import example_bank
     from longlive_core.quant.recipe import RECIPES
     from longlive_core.quant.w4a4 import calibrate, packed_layers, quantization_config, w4a4_state_dict
 
@@ -161,6 +164,7 @@ def merge_w4a4(ar_dir: Path, dmd_dir: Path, latents: Path, cfg: MergeW4A4Config,
     calibration, evaluation, note = merge_inputs(latents, ar.latent.chunk_frames, ar.multi_shot.shot_rope_offset,
                                                  list(dmd.sampling.steps), cfg.calibration_inputs, cfg.eval_inputs,
                                                  cfg.seed)
+    examples = example_bank(latents, cfg.example_captions)  # before the work: a bad cache fails at once
     own = dmd.sampling  # the window and sinks the generator was distilled with, as generation runs it
     sampling = RolloutConfig(ar.latent.chunk_frames, tuple(own.steps), own.window, own.global_sink or 0,
                              own.shot_sink or 0)
@@ -183,6 +187,10 @@ def merge_w4a4(ar_dir: Path, dmd_dir: Path, latents: Path, cfg: MergeW4A4Config,
     with atomic_dir(out_dir) as staging:
         save_file(state, str(staging / W4A4_WEIGHTS), metadata={"format": "pt"})
         write_config(folder(quantization_config(model, RECIPES[cfg.recipe])), staging)
+        # its embeddings are a *.safetensors of the folder, which the folder's identity covers
+        # (models/identity.py): a new bank reaches evaluate and package as new weights would
+        if examples is not None:
+            examples.save(staging)
         loaded = load_w4a4(staging, read_dit_folder(staging), device)  # what inference will load
         y_w4a4 = outputs(loaded, evaluation, dtype, device, sampling)
         disk = (staging / W4A4_WEIGHTS).stat().st_size
@@ -196,6 +204,7 @@ def merge_w4a4(ar_dir: Path, dmd_dir: Path, latents: Path, cfg: MergeW4A4Config,
             "rel_error_bf16_vs_fp32": relative_error(y_bf16, y_fp32),
             "max_rel_error": cfg.max_rel_error, "eval_inputs": len(evaluation),
             "calibration_inputs": len(calibration), "inputs": note, "conversion": report.summary(),
+            "example_captions": len(examples.captions) if examples is not None else 0,
             "kv_context": {"window": sampling.window, "global_sink": sampling.global_sink,
                            "shot_sink": sampling.shot_sink,
                            "eval_context_chunks": [len(i.context) for i in evaluation]},

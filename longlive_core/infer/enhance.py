@@ -104,6 +104,14 @@ def pooled(embedding: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     return v / norm if norm > 0 else v
 
 
+def pooled_prompt(embedding: np.ndarray) -> np.ndarray:
+    """A text encoder's (L, D) output for one prompt, pooled over the prompt's own tokens: the rows past
+    them are zero (models/text.py). The one pooling of both sides of the example search, a prompt's at
+    generate time and a training caption's in the latent cache (latents/example_bank.py)."""
+    e = np.asarray(embedding, dtype=np.float32)
+    return pooled(e, np.abs(e).sum(axis=1) > 0)
+
+
 @dataclasses.dataclass(frozen=True)
 class ExampleBank:
     """Training captions and their pooled text-encoder embeddings (unit rows), kept with a model folder

@@ -39,7 +39,7 @@ from longlive_core.distributed.launch import torchrun_command, under_torchrun
 from longlive_core.distributed.ulysses import WHOLE, SequenceShard
 from longlive_core.infer.decode import FrameStream, ShotDecoder
 from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, EngineStats, GenerateConfig, generate
-from longlive_core.infer.enhance import Enhancement, ExampleBank, enhance, pooled, template_digest
+from longlive_core.infer.enhance import Enhancement, ExampleBank, enhance, pooled_prompt, template_digest
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, Segment, ShotPlan, parse_prompts, plan_shots
 from longlive_core.infer.sampling import RunSampling, run_sampling
@@ -186,7 +186,7 @@ class Generator:
         bank = ExampleBank.load(self.model_dir)
         if bank is not None and cfg.enhance_examples:
             embedded = encoder.encode([s.prompt for s in segments]).cpu().numpy()
-            query = np.mean([pooled(e, np.abs(e).sum(axis=1) > 0) for e in embedded], axis=0)
+            query = np.mean([pooled_prompt(e) for e in embedded], axis=0)
             examples = bank.nearest(query, cfg.enhance_examples)
         # the model is this call's alone: gone with it, before the DiT runs
         model = CaptionModel(CaptionConfig(model=cfg.enhance_model, max_new_tokens=cfg.enhance_max_new_tokens,
