@@ -1,6 +1,7 @@
 """The inference benches' code paths on the CPU with their tiny models: bench/generate_product.py's
 folders load through the product's own checks and every row reports what bench/RESULTS.md quotes;
-bench/vae_decode.py compares each variant with float32; bench/generate_sp_projection.py runs a rank of P."""
+bench/vae_decode.py compares each variant with float32; bench/generate_sp_projection.py runs a rank of P;
+bench/caption_throughput.py runs the caption stage's generate and reports its row."""
 from __future__ import annotations
 
 import json
@@ -52,3 +53,16 @@ def test_the_sequence_parallel_projection_runs_a_rank_of_p_on_one_device():
     assert [r.split(":")[0] for r in rows] == ["P = 1", "P = 2"]
     assert all("projected" in r and "exchange" in r for r in rows)
     assert "exchange 0.0 ms (0.00 GB)" in rows[0]  # one rank exchanges nothing
+
+
+def test_the_caption_bench_runs_the_stage_generate_and_reports_its_row(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    proc = subprocess.run([sys.executable, str(REPO / "bench/caption_throughput.py"), "--tiny", "--repeats", "1",
+                           "--json", str(rows)], capture_output=True, text=True, cwd=REPO, check=True)
+    row = json.loads(rows.read_text())
+    assert 8.2e9 < row["parameters_7b"] < 8.4e9  # the 7B architecture's dims build (on the meta device)
+    assert (row["batch_size"], row["max_new_tokens"], row["frames"]) == (4, 24, 4)  # params.yaml's caption
+    assert row["captions_per_s"] > 0 and row["output_tokens_per_s"] > 0 and row["prompt_tokens"] > 0
+    assert row["gpu_h"] == pytest.approx(row["shots_gpu_h"] + row["subjects_gpu_h"], abs=0.11)
+    assert row["rates_variant"] == "bs4-4f-24tok"
+    assert "| 4 | 24 |" in proc.stdout

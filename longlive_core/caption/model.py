@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from longlive_core.caption.config import TINY, CaptionConfig
-from longlive_core.caption.text import TEMPLATES, read_template
+from longlive_core.caption.text import prompt_words
 from longlive_core.models.weights import require_pretrained_dir
 
 
@@ -45,8 +45,7 @@ def model_folder(model: str) -> Path:
         from longlive_core.caption.tiny import make_tiny_vlm
 
         _TINY_DIR = tempfile.TemporaryDirectory(prefix="longlive-tiny-vlm-")
-        make_tiny_vlm(_TINY_DIR.name, seed=0,
-                      prompt_text=" ".join(read_template(p.name) for p in sorted(TEMPLATES.glob("*.txt"))))
+        make_tiny_vlm(_TINY_DIR.name, seed=0, prompt_text=prompt_words())
     return Path(_TINY_DIR.name)
 
 
@@ -62,12 +61,25 @@ class CaptionModel:
         folder = model_folder(cfg.model)
         require_pretrained_dir(folder, "caption model (Qwen2.5-VL)",
                                "download Qwen/Qwen2.5-VL-7B-Instruct on a machine with internet and copy it here")
+        dtype = resolve_dtype(cfg.precision, device)
+        processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
+        model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, local_files_only=True, dtype=dtype)
+        self._attach(cfg, device, processor, model.to(device))
+
+    @classmethod
+    def from_parts(cls, cfg: CaptionConfig, device: torch.device, processor, model) -> CaptionModel:
+        """A model made in memory (bench/caption_throughput.py's random 7B: no folder of 16 GB to write and
+        read) behind the very ``generate`` the stage runs; ``model`` is already on ``device``."""
+        self = cls.__new__(cls)
+        self._attach(cfg, device, processor, model)
+        return self
+
+    def _attach(self, cfg: CaptionConfig, device: torch.device, processor, model) -> None:
         self.cfg, self.device = cfg, device
         self.dtype = resolve_dtype(cfg.precision, device)
-        self.processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
+        self.processor = processor
         self.processor.tokenizer.padding_side = "left"  # decoder-only generation pads on the left
-        self.model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-            folder, local_files_only=True, dtype=self.dtype).to(device).eval()
+        self.model = model.eval()
         self.end_ids = set(np.atleast_1d(self.model.generation_config.eos_token_id or []).tolist())
 
     def count_tokens(self, text: str) -> int:

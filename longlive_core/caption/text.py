@@ -20,6 +20,11 @@ def read_template(name: str) -> str:
     return (TEMPLATES / name).read_text(encoding="utf-8")
 
 
+def prompt_words() -> str:
+    """The text of every prompt template: the words the tiny model's tokenizer must know."""
+    return " ".join(read_template(p.name) for p in sorted(TEMPLATES.glob("*.txt")))
+
+
 def template_digest() -> str:
     """Every file of the template folder (the tiny model's chat template included), names and bytes."""
     files = sorted(p for p in TEMPLATES.iterdir() if p.is_file())

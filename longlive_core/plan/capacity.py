@@ -63,6 +63,11 @@ def _suite_seconds(params: dict[str, Any]) -> float:
                for seg in parse_prompts(text, default))
 
 
+def caption_variant(caption: dict[str, Any]) -> str:
+    """What a caption rate was measured at: batch, frames per shot, new tokens (bench/caption_throughput.py)."""
+    return f"bs{caption['batch_size']}-{caption['max_frames']}f-{caption['max_new_tokens']}tok"
+
+
 def stage_work(stage: str, params: dict[str, Any], w: Workload) -> tuple[float, str, str, float]:
     """(work, its unit, the rate variant that matches params, a factor the rate's time is multiplied by)."""
     fps = _frames_per_second(params)
@@ -73,6 +78,11 @@ def stage_work(stage: str, params: dict[str, Any], w: Workload) -> tuple[float, 
     if stage == "iqa_filter":
         shots = w.videos * w.video_seconds / w.shot_seconds
         return shots * params["iqa_filter"]["frames_per_shot"], "frames", "", 1.0
+    if stage == "caption":  # an upper bound: as if every shot were kept and none had a sidecar caption
+        c = params["caption"]
+        shots = w.videos * w.video_seconds / w.shot_seconds
+        # and one subjects request per video, timed as a caption (its prompt has no frames: cheaper)
+        return shots, "shots", caption_variant(c), 1 + w.shot_seconds / w.video_seconds
     if stage == "encode_latents":  # an upper bound: as if every second of footage were kept
         return w.videos * w.video_seconds * fps, "frames", f"sp{params['encode_latents'].get('sp', 1)}", 1.0
     if stage == "train_ar":  # the recipe and the recomputation of activation checkpointing set the rate

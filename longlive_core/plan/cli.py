@@ -17,8 +17,8 @@ from longlive_core.plan.capacity import StageEstimate, Workload, plan
 from longlive_core.plan.rates import DEFAULT_RATES, load_rates
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ["ingest", "shots", "iqa_filter", "encode_latents", "train_ar", "distill_dmd", "merge_w4a4", "evaluate",
-          "package"]
+STAGES = ["ingest", "shots", "iqa_filter", "caption", "encode_latents", "train_ar", "distill_dmd", "merge_w4a4",
+          "evaluate", "package"]
 
 
 def render(estimates: list[StageEstimate], w: Workload) -> str:
