@@ -1,4 +1,5 @@
 """The stage modules as DVC runs them: `python -m tasks.<stage>` in a directory with params.yaml."""
+import concurrent.futures
 import json
 import os
 import signal
@@ -98,13 +99,19 @@ BAD_CONFIGS = [  # (stage, params changes, what the one line says)
 @pytest.mark.slow
 def test_bad_params_sources_and_model_paths_fail_in_one_line_before_any_run(demo_copy, tmp_path):
     raw, _ = demo_copy
-    for i, (stage, changes, message) in enumerate(BAD_CONFIGS):
+    works = []
+    for i, (_, changes, _) in enumerate(BAD_CONFIGS):
         work = workdir(tmp_path / str(i), raw)
         params = yaml.safe_load((work / "params.yaml").read_text())
         for section, values in changes.items():
             params[section].update(values)
         (work / "params.yaml").write_text(yaml.safe_dump(params))
-        proc = run([sys.executable, "-m", f"tasks.{stage}"], work, check=False)
+        works.append(work)
+    # each run is one process that imports and exits: side by side, one per core
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        procs = list(pool.map(lambda sw: run([sys.executable, "-m", f"tasks.{sw[0]}"], sw[1], check=False),
+                              [(stage, work) for (stage, _, _), work in zip(BAD_CONFIGS, works)]))
+    for (stage, changes, message), work, proc in zip(BAD_CONFIGS, works, procs):
         assert proc.returncode == 2, (stage, changes, proc.stderr)
         assert proc.stderr.count(message) == 1 and "Traceback" not in proc.stderr, (message, proc.stderr)
         assert not (work / "mlflow.db").exists()  # no MLflow run was opened for a config that cannot run
