@@ -4,6 +4,7 @@ on the GPU; here on the CPU under Triton's interpreter (TRITON_INTERPRET=1, in a
 the flag is read at import). No conftest import: the GPU image runs this file with --noconftest."""
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -17,10 +18,17 @@ from longlive_core.quant.selfcheck import check_cached_launch, check_emulated_li
 REPO = Path(__file__).resolve().parents[1]
 
 def test_triton_matches_torch_in_the_interpreter():
-    code = "from longlive_core.quant.selfcheck import check_kernels; check_kernels('cpu')"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    from longlive_core.quant.triton_kernels import KERNELS
+
+    def check(kernel: str) -> subprocess.CompletedProcess:
+        code = f"from longlive_core.quant.selfcheck import check_kernels; check_kernels('cpu', kernels=({kernel!r},))"
+        return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
+                              capture_output=True, text=True, timeout=900)
+
+    # a process per kernel, one per core: the interpreter is slow and single-threaded
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        for kernel, proc in zip(KERNELS, pool.map(check, KERNELS)):
+            assert proc.returncode == 0, (kernel, proc.stderr[-3000:])
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
