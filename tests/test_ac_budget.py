@@ -19,8 +19,8 @@ from torch.utils.checkpoint import checkpoint
 
 from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, block_kind, check_peak, require_limit
-from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, plan_block, plan_blocks
-from longlive_core.distributed.ac_profile import compiled_transient, profile_block
+from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, measured_plans, plan_block, plan_blocks
+from longlive_core.distributed.ac_profile import compiled_block_memory, profile_block
 from longlive_core.distributed.parallelize import apply_activation_checkpointing, clean_name
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
@@ -280,13 +280,48 @@ def test_a_measured_peak_above_the_limit_says_by_how_much():
         check_peak(3 * 2**29, 2**30, int(0.9 * 2**30), "train_ar.ac_memory_limit_gib", 3)
 
 
+@pytest.mark.parametrize("ratio", [0.5, 2.0])
+def test_plans_are_sized_by_what_the_compiled_step_was_measured_to_keep(ratio):
+    """The compiled step keeps ``ratio`` times the bytes the eager profile priced: the plan kept is
+    the one that spares the most forward time among those measured within the limit."""
+    rng = random.Random(1)
+    profile = BlockProfile(tuple(OpCost(f"op#{i}", rng.randint(100, 1000), rng.uniform(1e-4, 1e-3), True)
+                                 for i in range(40)), 0.1, 1, 1, "cpu")
+    by_id = {op.id: op for op in profile.ops}
+    calls = []
+
+    def measure(kind, saved):
+        calls.append(saved)
+        return int(ratio * sum(by_id[i].bytes for i in saved)), 500 - 10 * len(saved)  # keeping more, less to redo
+
+    static, limit, counts = 1000, 1000 + 4 * 3000, {"a": 4}
+    chosen = measured_plans({"a": profile}, counts, static, limit, measure)
+    eager = plan_blocks({"a": profile}, counts, limit - static - 500)  # priced by the eager bytes alone
+    assert calls[0] == ()  # the floor first: nothing kept
+    assert chosen.peak(static) <= limit
+    assert chosen.kept_bytes == int(ratio * chosen.plans["a"].saved_bytes) * 4
+    if ratio < 1:  # the compiled step keeps less than priced: the room grows and more is saved
+        assert chosen.plans["a"].recompute_s < eager["a"].recompute_s
+    else:  # it keeps more: the eager plan would overshoot; a smaller one is kept
+        assert int(ratio * eager["a"].saved_bytes) * 4 + 500 - 10 * len(eager["a"].saved) + static > limit
+        assert 0 < chosen.plans["a"].saved_bytes < eager["a"].saved_bytes
+
+
+def test_with_nothing_within_the_limit_nothing_is_kept():
+    profile = BlockProfile((OpCost("op#0", 100, 1e-3, True),), 0.1, 1, 1, "cpu")
+    chosen = measured_plans({"a": profile}, {"a": 2}, 1000, 1200, lambda kind, saved: (400 * len(saved), 300))
+    assert chosen.plans["a"].saved == () and chosen.peak(1000) == 1300  # over the limit: full's floor, reported
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
-def test_a_compiled_block_is_priced_as_the_compiler_keeps_it():
-    # eager keeps each linear's output and each GELU's; compiled code fuses the GELUs into the backward
+def test_a_compiled_block_is_measured_as_the_compiler_keeps_it():
     block = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 4096), nn.GELU(),
                           nn.Linear(4096, 1024)).cuda()
     x = torch.randn(8192, 1024, device="cuda", requires_grad=True)
     eager = profile_block(block, (x,))
-    compiled = compiled_transient(block, (x,))
+    candidates = tuple(op.id for op in eager.ops if op.candidate)
+    nothing, transient_full = compiled_block_memory(block, (x,))
+    everything, transient_all = compiled_block_memory(block, (x,), candidates)
     assert all(p.grad is None for p in block.parameters())  # as profile_block left them
-    assert 0 < compiled < eager.transient_bytes, (compiled, eager.transient_bytes)
+    assert nothing < 2**20 < everything  # full keeps (almost) nothing; keeping every candidate keeps some
+    assert transient_full > 0 and transient_all > 0

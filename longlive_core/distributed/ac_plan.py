@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import numpy as np
 
 GRID = 16384  # the knapsack's units over all candidates at most: each ~0.006% of their bytes
-FORMAT = 2  # bumped when a profile or plan means something else: cached ones are then not read
+FORMAT = 3  # bumped when a profile or plan means something else: cached ones are then not read
 
 
 def _ns(seconds: float) -> int:
@@ -109,6 +109,51 @@ def plan_blocks(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int],
         plans[kind] = ACPlan(tuple(op.id for op in ops), sum(op.bytes for op in ops), recompute / 1e9, forward / 1e9,
                              int(limit_bytes))
     return plans
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredPlan:
+    """Plans per kind with what the compiled step was measured to hold for them."""
+    plans: dict[str, ACPlan]
+    kept_bytes: int  # every block's kept bytes together, measured
+    transient_bytes: int  # the most one block's backward adds at once, measured (the largest kind's)
+
+    def peak(self, static: int) -> int:
+        return static + self.kept_bytes + self.transient_bytes
+
+
+def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], static: int, limit: int,
+                   measure, rounds: int = 3) -> MeasuredPlan:
+    """The plans under ``limit`` as the compiled step holds them: ``measure(kind, saved)`` gives what a
+    compiled block of ``kind`` keeps and its backward adds at once with the outputs ``saved`` names kept
+    (``ac_profile.compiled_block_memory``); ``static`` is everything else the step holds (the floor less
+    its transient). The knapsack prices bytes by the eager profile; each round scales the room it gets
+    by what the last plan measured against what it planned, and the plan kept is the one that saves
+    the most forward time among those measured within the limit (nothing saved when none is)."""
+    def measured(plans: dict[str, ACPlan]) -> MeasuredPlan:
+        real = {kind: measure(kind, plans[kind].saved) for kind in plans}
+        return MeasuredPlan(plans, sum(counts[k] * real[k][0] for k in real), max(t for _, t in real.values()))
+
+    def spared(m: MeasuredPlan) -> float:
+        return sum(counts[k] * (p.forward_s - p.recompute_s) for k, p in m.plans.items())
+
+    best = measured(plan_blocks(profiles, counts, 0))  # nothing saved: full's floor
+    room = limit - best.peak(static)
+    for _ in range(rounds):
+        if room <= 0:
+            break
+        trial = measured(plan_blocks(profiles, counts, room))
+        if trial.peak(static) <= limit and spared(trial) > spared(best):
+            best = trial
+        planned = sum(counts[k] * p.saved_bytes for k, p in trial.plans.items())
+        if trial.kept_bytes <= 0 or planned <= 0:
+            break
+        # the bytes the limit leaves above this plan's own transient, at the eager-to-measured ratio
+        grown = int((limit - static - trial.transient_bytes) * planned / trial.kept_bytes)
+        if grown == room:
+            break
+        room = grown
+    return best
 
 
 def _best(weights: list[int], values: list[int], limit: int) -> set[int]:

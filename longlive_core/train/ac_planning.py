@@ -8,12 +8,15 @@ memory). Outside what a plan keeps, a step holds (``StepMemory``): what is resid
 starts (parameter shards, the EMA), the float32 gradient shards, AdamW's two moments (made at the
 first optimizer step), FSDP's buffers (two blocks' gathered compute copies, one block's unsharded
 float32 gradients, the root's gathered parameters); and per window every block's input (the
-residual stream each checkpoint keeps), one block's forward and backward at once (the profile's
-transient: the block in backward recomputes what it did not keep; measured on the compiled block
-when the step compiles) and the activations outside the
-blocks (the embedding's output, the head's float32 copies). That is what a ``full`` step keeps, the
-floor; what the limit leaves above it the knapsack shares among the blocks. After every step the
-measured peak (on CUDA, the world's largest) is checked against the limit.
+residual stream each checkpoint keeps), one block's forward and backward at once (the transient:
+the block in backward recomputes what it did not keep) and the activations outside the blocks (the
+embedding's output, the head's float32 copies). That is what a ``full`` step keeps, the floor; what
+the limit leaves above it the knapsack shares among the blocks. Where the step is compiled (on
+CUDA), the compiled partitioner decides what a checkpointed block keeps and when it recomputes, and
+the eager profile overprices both (H200, 5B dims, 56,320 tokens: a floor ~4 GiB high, kept bytes
+~1.8x): the floor's transient and each candidate plan's bytes are then measured on a compiled copy
+of the block (``ac_plan.measured_plans``, a few compilations when training starts). After every step
+the measured peak (on CUDA, the world's largest) is checked against the limit.
 
 Profiles run on every rank at once (sequence parallelism's all-to-all is inside a block) and rank
 0's profile and plan are every rank's: the ranks of a group must recompute the same collectives.
@@ -34,8 +37,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, check_peak, memory_limit
-from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
-from longlive_core.distributed.ac_profile import compiled_transient, profile_block
+from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, measured_plans, plan_blocks
+from longlive_core.distributed.ac_profile import compiled_block_memory, profile_block
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.checkpointing import agree
@@ -130,7 +133,9 @@ class WindowPlanner:
                 # what is measured resident varies a little between runs of the same config
                 "memory": [self.memory.resident // 2**26, self.memory.grads, self.memory.optimizer, self.memory.fsdp]}
 
-    def _profiles(self, layout: TeacherForcingLayout) -> dict[str, BlockProfile]:
+    @contextlib.contextmanager
+    def _probing(self, layout: TeacherForcingLayout):
+        """The probes on the device and one sample's block arguments, drawn from a forked RNG."""
         cuda = self.device.type == "cuda"
         if not self._on_device:
             for probe in self.budget.probes.values():
@@ -141,13 +146,7 @@ class WindowPlanner:
             torch.random.default_generator.manual_seed(0)
             if cuda:  # this device's generator alone (manual_seed would touch every GPU's)
                 torch.cuda.manual_seed(0)
-            args = block_inputs(self.model, layout, self.grid, self.dtype, self.device)
-            profiles = {kind: profile_block(probe, args) for kind, probe in sorted(self.budget.probes.items())}
-            if cuda and self.cfg.compile:  # the floor's transient as the compiled step holds it
-                profiles = {kind: dataclasses.replace(p, transient_bytes=compiled_transient(self.budget.probes[kind],
-                                                                                            args))
-                            for kind, p in profiles.items()}
-            return profiles
+            yield block_inputs(self.model, layout, self.grid, self.dtype, self.device)
 
     def _plan_window(self, window: int) -> dict:
         layout = TeacherForcingLayout(window, self.cfg.chunk_frames, self.grid[0] * self.grid[1], self.text_tokens,
@@ -156,20 +155,32 @@ class WindowPlanner:
         entry = agree(self.cache.get(key) if self.rank == 0 else None)
         if entry is not None:
             return entry
-        profiles = agree({k: p.to_json() for k, p in self._profiles(layout).items()})
-        profiles = {k: BlockProfile.from_json(p) for k, p in profiles.items()}
         counts = self.budget.counts
         n = 2 * layout.local_frames * layout.tokens_per_frame
-        outside = n * self.model.cfg.dim * (8 + self.dtype.itemsize)
-        parts = {**dataclasses.asdict(self.memory),
-                 "block_inputs": sum(counts.values()) * max(p.input_bytes for p in profiles.values()),
-                 "transient": max(p.transient_bytes for p in profiles.values()), "outside": outside}
-        floor = sum(parts.values())
-        plans = plan_blocks(profiles, counts, self.limit - floor)
-        kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
+        with self._probing(layout) as args:
+            profiles = agree({k: profile_block(p, args).to_json() for k, p in sorted(self.budget.probes.items())})
+            profiles = {k: BlockProfile.from_json(p) for k, p in profiles.items()}
+            parts = {**dataclasses.asdict(self.memory),
+                     "block_inputs": sum(counts.values()) * max(p.input_bytes for p in profiles.values()),
+                     "outside": n * self.model.cfg.dim * (8 + self.dtype.itemsize)}
+            static = sum(parts.values())
+            if self.device.type == "cuda" and self.cfg.compile:
+                # every rank runs each trial (a block's collectives) and takes rank 0's numbers: one decision
+                def measure(kind: str, saved: tuple[str, ...]) -> tuple[int, int]:
+                    return tuple(agree(compiled_block_memory(self.budget.probes[kind], args, saved)))
+
+                chosen = measured_plans(profiles, counts, static, self.limit, measure)
+                plans, kept, transient = chosen.plans, chosen.kept_bytes, chosen.transient_bytes
+            else:
+                transient = max(p.transient_bytes for p in profiles.values())
+                plans = plan_blocks(profiles, counts, self.limit - static - transient)
+                kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
+        parts["transient"] = transient
+        floor = static + transient
         entry = {"profiles": {k: p.to_json() for k, p in profiles.items()},
                  "plans": {k: p.to_json() for k, p in plans.items()},
                  "floor": floor, "floor_parts": parts, "kept": kept, "predicted_peak": floor + kept,
+                 "planned_kept": sum(counts[k] * plans[k].saved_bytes for k in plans),
                  "recompute_s": sum(counts[k] * plans[k].recompute_s for k in plans),
                  "forward_s": sum(counts[k] * plans[k].forward_s for k in plans),
                  "candidates": sum(sum(op.candidate for op in p.ops) for p in profiles.values()),
@@ -238,6 +249,8 @@ class WindowPlanner:
             out[f"ac_recompute_fraction_{window}f"] = e["recompute_s"] / max(e["forward_s"], 1e-12)
             out[f"ac_predicted_peak_gib_{window}f"] = e["predicted_peak"] / 2**30
             out[f"ac_floor_gib_{window}f"] = e["floor"] / 2**30
+            if e.get("planned_kept", e["kept"]) != e["kept"]:  # compiled: the eager profile's price beside the measured
+                out[f"ac_planned_kept_gib_{window}f"] = e["planned_kept"] / 2**30
             matched = self.budget.matched_share(window)
             if matched is not None:  # below 1: the policy never met some saved ids (renamed ops under compile)
                 out[f"ac_saved_matched_{window}f"] = matched
