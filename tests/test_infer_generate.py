@@ -361,8 +361,10 @@ def test_enhance_rewrites_the_prompt_file_or_keeps_it_with_the_reason(model_dir,
 
     prompts = tmp_path / "p.txt"
     prompts.write_text(TWO_SHOTS)
-    side = generate_file(model_dir, prompts, tmp_path / "tiny.mp4", config(enhance=True, enhance_max_new_tokens=8))
-    e = side["prompt_enhancement"]
+    # as a user runs it: the console script with --enhance
+    assert longlive(["generate", "--model", str(model_dir), "--prompts", str(prompts),
+                     "--out", str(tmp_path / "tiny.mp4"), "--device", "cpu", "--enhance"]) == 0
+    e = json.loads((tmp_path / "tiny.mp4.json").read_text())["prompt_enhancement"]
     assert not e["rewritten"] and e["enhanced"] == e["original"] == TWO_SHOTS and e["reason"] and e["model"] == "tiny"
     assert (tmp_path / "tiny.mp4").is_file()
 
