@@ -6,6 +6,8 @@
 #   bash bench/tools/generate_round.sh make bf16 fp8 w4a4      # ~8 min: full-size folders, then generate's rows
 #   bash bench/tools/generate_round.sh make kernels vae sp
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
+#   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption
+# $OUT returns at most 8 files: tar what a call writes (ac-plans/ holds one file per plan)
 set -u
 out=${OUT:-device_out}
 mkdir -p "$out"
@@ -30,8 +32,16 @@ for part in "$@"; do case $part in
         run attention python3 bench/attention_kernels.py --json "$out/attention.jsonl" ;;
     vae) run vae python3 bench/vae_decode.py ;;
     vae_demo) run vae_demo python3 bench/vae_decode.py --content demo --variants bf16,bf16-compile-cl ;;
-    train) run train python3 bench/train_step.py --blocks 8 --frames 32 --recipes bf16 --compile 1 --steps 3 \
+    train) run train python3 bench/train_step.py --blocks 8 --frames 32 --recipes bf16 --compile 1 --steps 2 \
                --ac budget:47 compiler:0.2 budget:65 compiler:0.5 full --out "$out" ;;
+    train_nvfp4) run train_nvfp4 python3 bench/train_step.py --blocks 8 --frames 32 --recipes nvfp4 --compile 1 \
+               --steps 2 --ac budget:47 compiler:0.2 full --out "$out" ;;
+    train16) run train16 python3 bench/train_step.py --blocks 16 --frames 32 --recipes bf16 --compile 1 --steps 2 \
+               --ac budget:120 compiler:0.3 full --out "$out" ;;
+    gpu_tests) run gpu_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_ac_budget.py \
+               tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_cudnn_fp8.py \
+               tests/test_quant_triton.py -k "gpu or compiled or cuda" ;;
+    caption) run caption python3 bench/caption_throughput.py --repeats 3 --json "$out/caption.jsonl" ;;
     sp) run sp python3 bench/generate_sp_projection.py --compile ;;
     *) echo "unknown part $part"; status=1 ;;
 esac; done
