@@ -1,4 +1,4 @@
-"""Caption throughput (bench/RESULTS.md "caption stage: random Qwen2.5-VL-7B"): the caption stage's own
+"""Caption throughput (bench/RESULTS.md "caption: Qwen2.5-VL-7B on the GPU"): the caption stage's own
 ``CaptionModel.generate`` at production's caption settings (configs/production.yaml over params.yaml:
 frames, pixels, batch, max_new_tokens, precision), on a Qwen2.5-VL-7B-architecture model with random
 weights made on the GPU, and the GPU-hours the production run's shots need at that rate.
