@@ -72,7 +72,7 @@ def one_line(s) -> str:
             f"smaller than bf16; {s['quantized_size_ratio']:.2f}x for the quantized part); output error against the "
             f"BF16 merged model {s['rel_error_w4a4_vs_bf16']:.4f} (at most {s['max_rel_error']}), against the "
             f"generator as distilled {s['rel_error_w4a4_vs_distilled']:.4f}; {s['inputs']}; "
-            f"{s.get('example_captions', 0)} train captions kept as prompt enhancement's examples")
+            f"{s['example_captions']} train captions kept as prompt enhancement's examples")
 
 
 def main() -> None:

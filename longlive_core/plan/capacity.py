@@ -75,12 +75,11 @@ def stage_work(stage: str, params: dict[str, Any], w: Workload) -> tuple[float, 
         return w.videos, "files", "", 1.0
     if stage == "shots":
         return w.videos * w.video_seconds, "video-s", "", 1.0
+    shots = w.videos * w.video_seconds / w.shot_seconds
     if stage == "iqa_filter":
-        shots = w.videos * w.video_seconds / w.shot_seconds
         return shots * params["iqa_filter"]["frames_per_shot"], "frames", "", 1.0
     if stage == "caption":  # an upper bound: as if every shot were kept and none had a sidecar caption
         c = params["caption"]
-        shots = w.videos * w.video_seconds / w.shot_seconds
         # and one subjects request per video, timed as a caption (its prompt has no frames: cheaper)
         return shots, "shots", caption_variant(c), 1 + w.shot_seconds / w.video_seconds
     if stage == "encode_latents":  # an upper bound: as if every second of footage were kept

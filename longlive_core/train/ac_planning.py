@@ -249,7 +249,7 @@ class WindowPlanner:
             out[f"ac_recompute_fraction_{window}f"] = e["recompute_s"] / max(e["forward_s"], 1e-12)
             out[f"ac_predicted_peak_gib_{window}f"] = e["predicted_peak"] / 2**30
             out[f"ac_floor_gib_{window}f"] = e["floor"] / 2**30
-            if e.get("planned_kept", e["kept"]) != e["kept"]:  # compiled: the eager profile's price beside the measured
+            if e["planned_kept"] != e["kept"]:  # compiled: the eager profile's price beside the measured
                 out[f"ac_planned_kept_gib_{window}f"] = e["planned_kept"] / 2**30
             matched = self.budget.matched_share(window)
             if matched is not None:  # below 1: the policy never met some saved ids (renamed ops under compile)
