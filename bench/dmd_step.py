@@ -13,7 +13,9 @@ fake score trained with AdamW. The iteration is ``DMDTrainer.train_step`` with `
 gradient through every chunk's exit step), the fake and the real (guided: two passes) scores over
 the teacher-forcing layout of the 32 generated frames, backward and AdamW; then the critic's
 rollout, fake-score flow loss, backward and AdamW. Latents 44x80 (880 tokens per frame), 512-token
-captions; activation checkpointing ``--ac`` of every role's blocks. Each mode runs in its own
+captions; activation checkpointing ``--ac`` of every role's blocks (``budget:G``: ``activation_checkpointing:
+budget`` with ``ac_memory_limit_gib: G``, its plans and profiles written to ``--out``/ac-plans, the
+planner's numbers in the row). Each mode runs in its own
 process (peak memory from a clean start); one warm-up iteration (compilation), then the mean of
 ``--steps`` timed ones.
 """
@@ -94,15 +96,17 @@ def one_mode(args) -> dict:
     trainer_module.load_dit = random_dit
     one_rank_group()
     recipe = "nvfp4" if args.one.startswith("nvfp4") else "bf16"
+    mode, _, limit = args.ac.partition(":")
     cfg = DistillDMDConfig(steps=10**6, generator_every=1, latent_frames=args.frames, grad_frames=args.frames,
                            lora=LoRASettings(128, 128.0), recipe=recipe, stats_every=0,
-                           parallel=ParallelConfig(device="cuda"),
-                           activation_checkpointing=args.ac)
+                           parallel=ParallelConfig(device="cuda"), activation_checkpointing=mode,
+                           ac_memory_limit_gib=float(limit) if limit else None)
     row: dict = {"mode": args.one, "blocks": args.blocks, "frames": args.frames, "ac": args.ac}
     with tempfile.TemporaryDirectory() as tmp:
         ar, latents = make_inputs(Path(tmp), args.frames, args.blocks)
         try:
-            trainer = DMDTrainer(cfg, DistillInputs(ar, latents, Path(tmp) / "ckpt", None),
+            trainer = DMDTrainer(cfg, DistillInputs(ar, latents, Path(tmp) / "ckpt", None,
+                                                    Path(args.out) / "ac-plans"),  # the device keeps nothing
                                  full_weights=args.one == "bf16-full")
             row["state_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2)  # weights and buffers before a step
             trainer.train_step(0)  # warm-up: compilation, optimizer state
@@ -115,6 +119,8 @@ def one_mode(args) -> dict:
             row["iteration_s"] = round((time.perf_counter() - t0) / args.steps, 3)
             row["phases_s"] = {k: round(v / args.steps, 3) for k, v in sorted(trainer.phases.seconds.items())}
             row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            if trainer.planner is not None:
+                row.update({k: round(v, 3) for k, v in trainer.planner.summary().items()})
         except torch.OutOfMemoryError as exc:
             import traceback
 
@@ -136,11 +142,14 @@ def stage_comparison(args) -> dict:
                                                              num_layers=args.blocks)
     trainer_module.load_dit = random_dit
     one_rank_group()
+    mode, _, limit = args.ac.partition(":")
     cfg = DistillDMDConfig(latent_frames=args.frames, grad_frames=args.frames, lora=LoRASettings(128, 128.0),
-                           parallel=ParallelConfig(device="cuda"), activation_checkpointing=args.ac)
+                           parallel=ParallelConfig(device="cuda"), activation_checkpointing=mode,
+                           ac_memory_limit_gib=float(limit) if limit else None)
     with tempfile.TemporaryDirectory() as tmp:
         ar, latents = make_inputs(Path(tmp), args.frames, args.blocks)
-        out = memory_comparison(cfg, DistillInputs(ar, latents, Path(tmp) / "ckpt", None), Path(tmp) / "scratch")
+        out = memory_comparison(cfg, DistillInputs(ar, latents, Path(tmp) / "ckpt", None, Path(args.out) / "ac-plans"),
+                                Path(tmp) / "scratch")
     dist.destroy_process_group()
     return out
 
@@ -151,12 +160,14 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=32)
     ap.add_argument("--modes", nargs="+", default=["nvfp4-lora", "bf16-lora", "bf16-full"])
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--ac", default="full", choices=["none", "full", "selective"])
+    ap.add_argument("--ac", default="full", help="none | full | selective | budget[:GiB] (the step's peak limit)")
     ap.add_argument("--stage-comparison", action="store_true",
                     help="run distill_dmd's own memory_comparison at these dims instead (nvfp4-lora against bf16-full)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one mode in this process
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    if args.ac.partition(":")[0] not in ("none", "full", "selective", "budget"):
+        ap.error(f"--ac must be none, full, selective or budget[:GiB]; got {args.ac!r}")
     if args.one:
         print("ROW " + json.dumps(one_mode(args)), flush=True)
         return

@@ -43,7 +43,11 @@ STAGE = "distill_dmd"
 def prepare(params: dict[str, Any]) -> DistillDMDConfig:
     cfg = stage_config(DistillDMDConfig, STAGE, params)
     if not under_torchrun():  # each rank checks its own GPU once started
-        pick_device(cfg.parallel.device, f"{STAGE}.device")
+        device = pick_device(cfg.parallel.device, f"{STAGE}.device")
+        if cfg.activation_checkpointing == "budget":
+            from longlive_core.distributed.ac_budget import require_limit
+
+            require_limit(cfg.ac_memory_limit_gib, device, f"{STAGE}.ac_memory_limit_gib")
     cfg.check_chunk(read_dit_folder(AR_MODEL, "train_ar").latent.chunk_frames)
     if not LATENT_INDEX.is_file():
         raise ConfigError(f"{LATENT_INDEX} is missing: run encode_latents first (dvc repro encode_latents)")

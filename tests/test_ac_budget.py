@@ -1,7 +1,8 @@
 """``activation_checkpointing: budget`` on the CPU (no compile): the planner saves what buys the most
 recomputation per byte and more memory never gives a slower plan; the policy changes no number; the
-bytes kept for the backward are the plan's; plans are cached, reused and made for a new window
-length; a bad setting is one line naming its key."""
+bytes kept for the backward are the plan's, at train_ar's window and at distillation's rollout chunk;
+plans are cached, reused and made for a new window length; a bad setting, train_ar's or
+distill_dmd's, is one line naming its key. (Distillation's budget runs: tests/test_distill_trainer.py.)"""
 from __future__ import annotations
 
 import gc
@@ -18,6 +19,8 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from longlive_core.config import ConfigError, from_mapping, load_params
+from longlive_core.distill.ac_planning import chunk_inputs
+from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, block_kind, check_peak, require_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, measured_plans, plan_block, plan_blocks
 from longlive_core.distributed.ac_profile import compiled_block_memory, profile_block
@@ -69,7 +72,10 @@ def test_the_planner_saves_what_buys_the_most_recomputation_per_byte():
     assert ACPlan.from_json(plan.to_json()) == plan and BlockProfile.from_json(profile.to_json()) == profile
 
 
-def tiny_block_profile(costs=None) -> tuple[BudgetCheckpointing, str, BlockProfile, tuple, tuple]:
+def tiny_block_profile(costs=None, shape: str = "window") -> tuple[BudgetCheckpointing, str, BlockProfile, tuple,
+                                                                   tuple]:
+    """A tiny block, its checkpoint context and profile, at train_ar's teacher-forcing window or at
+    distillation's rollout chunk (its exit step, self-attention over a 2-frame KV cache)."""
     torch.manual_seed(0)
     model = WanDiT(DIT_CONFIGS["tiny"])
     budget = BudgetCheckpointing()
@@ -77,7 +83,9 @@ def tiny_block_profile(costs=None) -> tuple[BudgetCheckpointing, str, BlockProfi
     context_fn = budget.contexts_for(block)
     kind = block_kind(block)
     torch.manual_seed(1)
-    args = block_inputs(model, LAYOUT, (2, 2), torch.float32, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    args = (block_inputs(model, LAYOUT, (2, 2), torch.float32, cpu) if shape == "window" else
+            chunk_inputs(model, 2, 2, 4, 6, (2, 2), torch.float32, cpu))
     return budget, kind, profile_block(budget.probes[kind], args, costs=costs), (block, context_fn), args
 
 
@@ -160,12 +168,13 @@ def _storages(tensors) -> set:
     return {StorageWeakRef(t.untyped_storage()) for t in tensors if isinstance(t, torch.Tensor)}
 
 
+@pytest.mark.parametrize("shape", ["window", "chunk"])
 @pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
-def test_the_bytes_kept_for_the_backward_are_the_plans(share):
+def test_the_bytes_kept_for_the_backward_are_the_plans(share, shape):
     """Counted two ways, each by storage: the storages the forward made that are still alive when it
     returns (its output aside), and, where torch routes selective checkpointing's cache through the
     caller's ``saved_tensors_hooks``, what those hooks see packed."""
-    budget, kind, profile, (block, context_fn), args = tiny_block_profile()
+    budget, kind, profile, (block, context_fn), args = tiny_block_profile(shape=shape)
     total = sum(op.bytes for op in profile.ops if op.candidate)
     plan = plan_block(profile, int(share * total))
     budget.plans[WINDOW] = {kind: plan}
@@ -246,30 +255,43 @@ def test_a_budget_run_trains_as_a_run_without_checkpointing_and_reports_its_plan
     assert budget["lineage"][0]["ac_memory_limit_gib"] == 1.0
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"ac_memory_limit_gib": 0}, "train_ar.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device)"),
-    ({"activation_checkpointing": "budgeted"},
+DISTILL = {"device": "cpu", "activation_checkpointing": "budget", "ac_memory_limit_gib": 1.0}
+STAGES = {"train_ar": (TrainARConfig, BASE), "distill_dmd": (DistillDMDConfig, DISTILL)}
+
+
+@pytest.mark.parametrize("stage, change, message", [
+    ("train_ar", {"ac_memory_limit_gib": 0},
+     "train_ar.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device)"),
+    ("train_ar", {"activation_checkpointing": "budgeted"},
      "train_ar.activation_checkpointing must be none, full, selective, compiler or budget; got 'budgeted'"),
+    ("distill_dmd", {"ac_memory_limit_gib": -1},
+     "distill_dmd.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device)"),
+    ("distill_dmd", {"activation_checkpointing": "compiler"},
+     "distill_dmd.activation_checkpointing must be none, full, selective or budget (distillation does not compile"),
+    ("distill_dmd", {"sp": 2, "nproc": 2},
+     "distill_dmd.activation_checkpointing: budget plans distillation with one rank per prompt (sp: 1), and sp is 2"),
 ])
-def test_a_bad_budget_setting_is_one_line_naming_its_key(change, message):
+def test_a_bad_budget_setting_is_one_line_naming_its_key(stage, change, message):
     """(And a good one changes no number a checkpoint holds: a run resumes across it.)"""
+    config, base = STAGES[stage]
     with pytest.raises(ConfigError) as err:
-        from_mapping(TrainARConfig, {**BASE, **change}, "train_ar")
+        from_mapping(config, {**base, **change}, stage)
     assert message in str(err.value) and "\n" not in str(err.value)
-    plain = from_mapping(TrainARConfig, {**BASE, "activation_checkpointing": "none"}, "train_ar")
-    assert from_mapping(TrainARConfig, {**BASE, "ac_memory_limit_gib": 7.5}, "train_ar").resume_params() == \
+    plain = from_mapping(config, {**base, "activation_checkpointing": "none"}, stage)
+    assert from_mapping(config, {**base, "ac_memory_limit_gib": 7.5}, stage).resume_params() == \
         plain.resume_params()
 
 
-def test_without_a_limit_a_cpu_run_is_refused_before_it_starts(monkeypatch):
-    from tasks import train_ar
+@pytest.mark.parametrize("stage", ["train_ar", "distill_dmd"])
+def test_without_a_limit_a_cpu_run_is_refused_before_it_starts(monkeypatch, stage):
+    import importlib
 
     params = load_params(REPO / "params.yaml")
-    params["train_ar"].update({"device": "cpu", "activation_checkpointing": "budget", "ac_memory_limit_gib": None})
+    params[stage].update({"device": "cpu", "activation_checkpointing": "budget", "ac_memory_limit_gib": None})
     monkeypatch.chdir(REPO)
-    with pytest.raises(ConfigError, match=r"^train_ar.ac_memory_limit_gib: null means 0.9 of the GPU's memory, "
+    with pytest.raises(ConfigError, match=rf"^{stage}.ac_memory_limit_gib: null means 0.9 of the GPU's memory, "
                                           r"and this run is on the cpu: give the limit in GiB$"):
-        train_ar.prepare(params)
+        importlib.import_module(f"tasks.{stage}").prepare(params)
     require_limit(2.0, torch.device("cpu"), "k")  # a number is enough
 
 

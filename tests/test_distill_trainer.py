@@ -83,7 +83,11 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
         {"name": "f32", "generated": True, "distill_dmd": {"recipe": "bf16", "param_dtype": "float32"}},
         {"name": "f32-ac", "distill_dmd": {"recipe": "bf16", "param_dtype": "float32",
                                            "activation_checkpointing": "full"}},
-        {"name": "nvfp4", "distill_dmd": {"steps": 2, "activation_checkpointing": "full"}},
+        {"name": "f32-budget", "ac_plans": str(tmp_path / "plans"),
+         "distill_dmd": {"recipe": "bf16", "param_dtype": "float32", "activation_checkpointing": "budget",
+                         "ac_memory_limit_gib": 1.0}},
+        {"name": "nvfp4", "ac_plans": str(tmp_path / "plans"),
+         "distill_dmd": {"steps": 2, "activation_checkpointing": "budget", "ac_memory_limit_gib": 1.0}},
         {"name": "full", "full_weights": True, "distill_dmd": {"steps": 2, "recipe": "bf16"}}])
     out = runs["f32"]["out"]
     made = load_file(out / "generated.safetensors")
@@ -99,10 +103,20 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
     assert (base - made["x"]).abs().max() > 1e-3  # the adapter learned something
     # activation checkpointing recomputes the rollout's exit steps (with the generator's adapter and
     # the KV cache as it was) and the scores: the same losses and gradients
-    for plain, checkpointed in zip(runs["f32"]["summary"]["logged"], runs["f32-ac"]["summary"]["logged"], strict=True):
-        for key in ("critic_loss", "critic_grad_norm", "dmd_loss", "generator_grad_norm"):
-            if key in plain:
-                assert checkpointed[key] == pytest.approx(plain[key], rel=1e-5), key
+    for run in ("f32-ac", "f32-budget"):
+        for plain, checkpointed in zip(runs["f32"]["summary"]["logged"], runs[run]["summary"]["logged"], strict=True):
+            for key in ("critic_loss", "critic_grad_norm", "dmd_loss", "generator_grad_norm"):
+                if key in plain:
+                    assert checkpointed[key] == pytest.approx(plain[key], rel=1e-5), (run, key)
+    # budget: a plan per gradient pass, eager, so the policy met every id the plan saves
+    for run in ("f32-budget", "nvfp4"):
+        budget = runs[run]["summary"]
+        assert budget["ac_limit_gib"] == 1.0
+        for name in ("critic", "generator"):
+            assert 0 < budget[f"ac_kept_gib_{name}"] < budget[f"ac_predicted_peak_gib_{name}"] < 1.0, (run, name)
+            assert budget[f"ac_floor_gib_{name}"] < budget[f"ac_predicted_peak_gib_{name}"]
+            assert budget[f"ac_saved_matched_{name}"] == 1.0, (run, name)
+    assert len(list((tmp_path / "plans").glob("*.json"))) == 2  # one entry per configuration
     nvfp4, full = runs["nvfp4"]["summary"], runs["full"]["summary"]
     assert "20 linear layers converted" in nvfp4["conversion"] and nvfp4["steps_run"] == 2
     assert full["steps_run"] == 2 and all(math.isfinite(m["critic_loss"]) for m in full["logged"])

@@ -43,7 +43,8 @@ class DistillDMDConfig:
     critic_optimizer: OptimizerConfig = OptimizerConfig(lr=2e-6)
     recipe: str = "nvfp4"  # the frozen backbone's: nvfp4 | nvfp4-4over6 (held packed) | bf16
     param_dtype: str = "bfloat16"  # the compute copy FSDP gathers (adapters); masters float32
-    activation_checkpointing: str = "none"  # none | full | selective, as train_ar's (every role's blocks)
+    activation_checkpointing: str = "none"  # none | full | selective | budget, as train_ar's (every role's blocks)
+    ac_memory_limit_gib: float | None = None  # budget: the step's peak per device; null: 0.9 of the GPU's memory
     stats_every: int = 100  # latent statistics of generated samples against the teacher's; 0: never
     stats_samples: int = 2  # val-split prompts, fixed
     teacher_steps: int = 16  # the teacher's sampling steps for those statistics (its shifted schedule)
@@ -53,7 +54,7 @@ class DistillDMDConfig:
     log_every: int = 1
 
     RESUMABLE_ACROSS = ("steps", "stats_every", "stats_samples", "teacher_steps", "memory_comparison", "checkpoint",
-                        "log_every", "parallel.device", "activation_checkpointing")
+                        "log_every", "parallel.device", "activation_checkpointing", "ac_memory_limit_gib")
 
     def validate(self, where: str) -> None:
         for key in ("steps", "generator_every", "latent_frames", "grad_frames", "log_every", "teacher_steps"):
@@ -72,10 +73,16 @@ class DistillDMDConfig:
             raise ConfigError(f"{where}.recipe must be one of {', '.join(RECIPE_NAMES)}; got {self.recipe!r}")
         if self.param_dtype not in ("bfloat16", "float32"):
             raise ConfigError(f"{where}.param_dtype must be bfloat16 or float32; got {self.param_dtype!r}")
-        if self.activation_checkpointing not in ("none", "full", "selective"):
-            raise ConfigError(f"{where}.activation_checkpointing must be none, full or selective (distillation does "
-                              "not compile its blocks, so compiler is not offered); got "
+        if self.activation_checkpointing not in ("none", "full", "selective", "budget"):
+            raise ConfigError(f"{where}.activation_checkpointing must be none, full, selective or budget "
+                              "(distillation does not compile its blocks, so compiler is not offered); got "
                               f"{self.activation_checkpointing!r}")
+        if self.ac_memory_limit_gib is not None and not self.ac_memory_limit_gib > 0:
+            raise ConfigError(f"{where}.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device) or null "
+                              f"(0.9 of the GPU's memory); got {self.ac_memory_limit_gib}")
+        if self.activation_checkpointing == "budget" and self.sp > 1:
+            raise ConfigError(f"{where}.activation_checkpointing: budget plans distillation with one rank per prompt "
+                              f"(sp: 1), and sp is {self.sp}: use full or selective with sequence parallelism")
         if self.stats_every < 0 or self.stats_samples < 0:
             raise ConfigError(f"{where}: stats_every and stats_samples must be >= 0")
         self.lora.validate(f"{where}.lora")

@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 
 from longlive_core.config import ConfigError
 from longlive_core.devices import pick_device
+from longlive_core.distill.ac_planning import DistillPlanner
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.dmd import (
     critic_loss,
@@ -37,6 +38,7 @@ from longlive_core.distill.dmd import (
     is_generator_step,
 )
 from longlive_core.distill.roles import FullRoles, LoRARoles
+from longlive_core.distributed.ac_budget import BudgetCheckpointing, default_cache_dir
 from longlive_core.distributed.parallelize import ParallelizePlan, parallel_dims, parallelize_dit
 from longlive_core.distributed.ulysses import gather_frames, gather_video, rank_frames
 from longlive_core.infer.rollout import RolloutConfig, rollout, teacher_schedule
@@ -60,6 +62,7 @@ class DistillInputs:
     latents: Path  # data/latents: the prompts' caption embeddings and the empty prompt's
     checkpoints: Path  # checkpoints/distill_dmd: a folder per run digest
     digest_components: dict[str, str] | None  # what a checkpoint must match to be resumed (rank 0's; None elsewhere)
+    ac_plans: Path | None = None  # activation_checkpointing budget's plan cache; None: $XDG_CACHE_HOME/longlive/
 
 
 @dataclasses.dataclass
@@ -129,12 +132,23 @@ class DMDTrainer:
             torch.manual_seed(generator_for(cfg.seed, "lora-init").initial_seed())
             self.roles = (FullRoles(base) if full_weights else
                           LoRARoles(base, cfg.lora, cfg.recipe, precision.skip, precision.keep_last_blocks))
-        plan = ParallelizePlan(activation_checkpointing=cfg.activation_checkpointing, param_dtype=self.dtype)
+        self.budget = BudgetCheckpointing() if cfg.activation_checkpointing == "budget" else None
+        plan = ParallelizePlan(activation_checkpointing=cfg.activation_checkpointing, param_dtype=self.dtype,
+                               budget=self.budget)
         for module in self.roles.modules:  # the roles converted their linears themselves (packed, frozen)
             parallelize_dit(module, self.dims, plan, self.device)
         self.critic_opt = cfg.critic_optimizer.build(self.roles.critic_params(), self.device)
         self.generator_opt = cfg.generator_optimizer.build(self.roles.generator_params(), self.device)
         self.optimizers = (self.critic_opt, self.generator_opt)
+        self.planner = None
+        if self.budget is not None:
+            first = self.prompts.load(self.prompts.sample_ids[0], cfg.latent_frames, None)
+            _, _, h, w = first.latents.shape
+            _, ph, pw = ar.dit_config.patch_size
+            self.planner = DistillPlanner(self.budget, cfg, self.roles.modules[0], len(self.roles.modules),
+                                          self.critic_opt, self.chunk, (h // ph, w // pw), self.empty_text.shape[1],
+                                          self.device, self.dtype, inputs.ac_plans or default_cache_dir())
+            self.planner.plan()
         self.store = CheckpointStore(inputs.checkpoints, cfg.checkpoint.keep_checkpoints, cfg.checkpoint.keep_runs,
                                      inputs.digest_components, self.roles.is_checkpointed)
 
@@ -207,10 +221,16 @@ class DMDTrainer:
         return x_t[:, :, lo:hi] - sigma[..., None, None, None] * self._velocity(model, x, x_t, sigma, s, text)
 
     # ------------------------------------------------------------------ steps
+    def _plan(self, name: str) -> None:
+        """activation_checkpointing budget: the plan of the gradient pass that follows."""
+        if self.planner is not None:
+            self.planner.use(name)
+
     def critic_pass(self, prompt: Prompt, key: tuple, exit_index: int) -> torch.Tensor:
         """The critic's flow loss on a fresh, detached rollout."""
         with self._phase("critic/rollout"), self.roles.generator() as generator, torch.no_grad():
             x = self.video(self.generate(generator, prompt, ("critic", *key), exit_index))
+        self._plan("critic")
         with self._phase("critic/fake_score"):
             return self._flow_loss(prompt, x, ("critic", *key))
 
@@ -227,6 +247,7 @@ class DMDTrainer:
     def generator_pass(self, prompt: Prompt, key: tuple, exit_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The DMD loss of a rollout with gradient, and the mean |DMD gradient| (after normalisation)."""
         cfg, s = self.cfg, prompt.sample
+        self._plan("generator")
         with self._phase("generator/rollout"), self.roles.generator() as generator:
             mine = self.generate(generator, prompt, ("generator", *key), exit_index, grad=True)
         x = self.video(mine)
@@ -328,6 +349,8 @@ class DMDTrainer:
         first (where the critic and the generator started) and at the last."""
         cfg = self.cfg
         out = {**metrics, "step_s": seconds, "peak_memory_mb": peak_memory_mb(self.device)}
+        if self.planner is not None:
+            self.planner.check_peak(done)
         if cfg.stats_every and cfg.stats_samples and (done % cfg.stats_every == 0 or done in (1, cfg.steps)):
             out.update(self.latent_stats())
             self.critic_eval.append(out["critic_eval_loss"])
@@ -345,7 +368,9 @@ class DMDTrainer:
         raise AssertionError("distillation keeps no per-rank state")
 
     def schedule(self) -> dict:
-        return {"activation_checkpointing": self.cfg.activation_checkpointing, "device": self.device.type}
+        ac = self.cfg.activation_checkpointing
+        return {"activation_checkpointing": ac, "device": self.device.type,
+                **({"ac_memory_limit_gib": self.cfg.ac_memory_limit_gib} if ac == "budget" else {})}
 
     def run(self, sink: MetricsSink | None = None, stop_after: int | None = None) -> dict:
         """Distils from the newest intact checkpoint of this run digest at or before ``cfg.steps`` to
@@ -367,6 +392,8 @@ class DMDTrainer:
         if self.critic_eval:
             summary.update({"critic_eval_loss_first": self.critic_eval[0],
                             "critic_eval_loss_last": self.critic_eval[-1]})
+        if self.planner is not None:
+            summary.update(self.planner.summary())
         if isinstance(self.roles, LoRARoles):
             summary["adapter_state"] = self.roles.generator_adapter()
         return summary

@@ -100,6 +100,60 @@ def block_inputs(model: WanDiT, layout: TeacherForcingLayout, grid: tuple[int, i
     return x, context, t_mod, 2 * f, rope, layout.self_mask(), model.attention_fn
 
 
+@contextlib.contextmanager
+def forked_rng(device: torch.device):
+    """A profile's random inputs from a forked RNG seeded 0: the run's draws are left as they were."""
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []), \
+            (torch.cuda.device(device) if cuda else contextlib.nullcontext()):
+        torch.random.default_generator.manual_seed(0)
+        if cuda:  # this device's generator alone (manual_seed would touch every GPU's)
+            torch.cuda.manual_seed(0)
+        yield
+
+
+def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], counts: dict[str, int],
+               parts: dict[str, int], kept: int) -> dict:
+    """What a plan cache entry and MLflow hold of one planned shape: the profiles, the plans, the
+    floor (what a ``full`` step holds: ``parts`` summed) and what the plans keep above it, with
+    ``counts`` blocks of each kind running the shape once each."""
+    floor = sum(parts.values())
+    return {"profiles": {k: p.to_json() for k, p in profiles.items()},
+            "plans": {k: p.to_json() for k, p in plans.items()},
+            "floor": floor, "floor_parts": parts, "kept": kept, "predicted_peak": floor + kept,
+            "planned_kept": sum(counts[k] * plans[k].saved_bytes for k in plans),
+            "recompute_s": sum(counts[k] * plans[k].recompute_s for k in plans),
+            "forward_s": sum(counts[k] * plans[k].forward_s for k in plans),
+            "candidates": sum(sum(op.candidate for op in p.ops) for p in profiles.values()),
+            "saved": sum(len(p.saved) for p in plans.values())}
+
+
+def log_plan(key: str, what: str, entry: dict, limit: int) -> None:
+    """``what``: the planned shape, as a log line names it ("32-frame windows", "the critic's pass")."""
+    if entry["predicted_peak"] > limit:
+        log.warning("%s: %s: with every activation recomputed the step needs %.2f GiB, above the limit of %.2f GiB: "
+                    "nothing is kept (raise the limit, or use more sequence-parallel ranks)", key, what,
+                    entry["floor"] / 2**30, limit / 2**30)
+    log.info("%s: %s: %d of %d candidate outputs per block kept, %.2f GiB in all, %.0f%% of the forward recomputed; "
+             "predicted peak %.2f GiB of %.2f", key, what, entry["saved"], entry["candidates"], entry["kept"] / 2**30,
+             100 * entry["recompute_s"] / max(entry["forward_s"], 1e-12), entry["predicted_peak"] / 2**30,
+             limit / 2**30)
+
+
+def entry_metrics(entry: dict, suffix: str, matched: float | None) -> dict[str, float]:
+    """MLflow's numbers of one planned shape: the bytes kept, the share of the forward recomputed, the
+    predicted peak and its floor; ``matched``: the share of saved ids the policy met."""
+    out = {f"ac_kept_gib_{suffix}": entry["kept"] / 2**30,
+           f"ac_recompute_fraction_{suffix}": entry["recompute_s"] / max(entry["forward_s"], 1e-12),
+           f"ac_predicted_peak_gib_{suffix}": entry["predicted_peak"] / 2**30,
+           f"ac_floor_gib_{suffix}": entry["floor"] / 2**30}
+    if entry["planned_kept"] != entry["kept"]:  # compiled: the eager profile's price beside the measured
+        out[f"ac_planned_kept_gib_{suffix}"] = entry["planned_kept"] / 2**30
+    if matched is not None:  # below 1: the policy never met some saved ids (renamed ops under compile)
+        out[f"ac_saved_matched_{suffix}"] = matched
+    return out
+
+
 class WindowPlanner:
     """The budget plans of one trainer: ``plan`` (collective), ``use`` per micro-batch, ``check_peak``
     after each step, ``summary`` for MLflow."""
@@ -136,16 +190,11 @@ class WindowPlanner:
     @contextlib.contextmanager
     def _probing(self, layout: TeacherForcingLayout):
         """The probes on the device and one sample's block arguments, drawn from a forked RNG."""
-        cuda = self.device.type == "cuda"
         if not self._on_device:
             for probe in self.budget.probes.values():
                 probe.to(self.device)
             self._on_device = True
-        with torch.random.fork_rng(devices=[self.device] if cuda else []), \
-                (torch.cuda.device(self.device) if cuda else contextlib.nullcontext()):
-            torch.random.default_generator.manual_seed(0)
-            if cuda:  # this device's generator alone (manual_seed would touch every GPU's)
-                torch.cuda.manual_seed(0)
+        with forked_rng(self.device):
             yield block_inputs(self.model, layout, self.grid, self.dtype, self.device)
 
     def _plan_window(self, window: int) -> dict:
@@ -176,15 +225,7 @@ class WindowPlanner:
                 plans = plan_blocks(profiles, counts, self.limit - static - transient)
                 kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
         parts["transient"] = transient
-        floor = static + transient
-        entry = {"profiles": {k: p.to_json() for k, p in profiles.items()},
-                 "plans": {k: p.to_json() for k, p in plans.items()},
-                 "floor": floor, "floor_parts": parts, "kept": kept, "predicted_peak": floor + kept,
-                 "planned_kept": sum(counts[k] * plans[k].saved_bytes for k in plans),
-                 "recompute_s": sum(counts[k] * plans[k].recompute_s for k in plans),
-                 "forward_s": sum(counts[k] * plans[k].forward_s for k in plans),
-                 "candidates": sum(sum(op.candidate for op in p.ops) for p in profiles.values()),
-                 "saved": sum(len(p.saved) for p in plans.values())}
+        entry = plan_entry(profiles, plans, counts, parts, kept)
         if self.rank == 0:
             self.cache.put(key, entry)
         return entry
@@ -201,15 +242,7 @@ class WindowPlanner:
             entry = self._plan_window(window)
             self.budget.plans[window] = {k: ACPlan.from_json(p) for k, p in entry["plans"].items()}
             self.report[window] = entry
-            if entry["predicted_peak"] > self.limit:
-                log.warning("%s: %d-frame windows need %.2f GiB with every activation recomputed, above the limit "
-                            "of %.2f GiB: nothing is kept (raise the limit, or use more sequence-parallel ranks)",
-                            KEY, window, entry["floor"] / 2**30, self.limit / 2**30)
-            log.info("%s: %d-frame windows keep %d of %d candidate outputs per block, %.2f GiB in all, recompute "
-                     "%.0f%% of the forward; predicted peak %.2f GiB of %.2f", KEY, window, entry["saved"],
-                     entry["candidates"], entry["kept"] / 2**30,
-                     100 * entry["recompute_s"] / max(entry["forward_s"], 1e-12), entry["predicted_peak"] / 2**30,
-                     self.limit / 2**30)
+            log_plan(KEY, f"{window}-frame windows", entry, self.limit)
         if self.world > 1:  # no later planning: the copies' memory goes back
             self.budget.probes.clear()
         elif self._on_device:
@@ -245,15 +278,7 @@ class WindowPlanner:
         recomputed and the predicted peak; the measured peak (CUDA)."""
         out = {"ac_limit_gib": self.limit / 2**30}
         for window, e in sorted(self.report.items()):
-            out[f"ac_kept_gib_{window}f"] = e["kept"] / 2**30
-            out[f"ac_recompute_fraction_{window}f"] = e["recompute_s"] / max(e["forward_s"], 1e-12)
-            out[f"ac_predicted_peak_gib_{window}f"] = e["predicted_peak"] / 2**30
-            out[f"ac_floor_gib_{window}f"] = e["floor"] / 2**30
-            if e["planned_kept"] != e["kept"]:  # compiled: the eager profile's price beside the measured
-                out[f"ac_planned_kept_gib_{window}f"] = e["planned_kept"] / 2**30
-            matched = self.budget.matched_share(window)
-            if matched is not None:  # below 1: the policy never met some saved ids (renamed ops under compile)
-                out[f"ac_saved_matched_{window}f"] = matched
+            out.update(entry_metrics(e, f"{window}f", self.budget.matched_share(window)))
         if self.measured:
             out["ac_measured_peak_gib"] = self.measured / 2**30
         return out

@@ -44,7 +44,7 @@ def gradients(trainer: DMDTrainer, out: Path) -> None:
 def run_one(spec: dict, out: Path) -> None:
     cfg = from_mapping(DistillDMDConfig, spec["distill_dmd"], "distill_dmd")
     inputs = DistillInputs(Path(spec["ar_model"]), Path(spec["latents"]), Path(spec["checkpoints"]),
-                           {"run": spec.get("digest", "d")})
+                           {"run": spec.get("digest", "d")}, Path(spec["ac_plans"]) if "ac_plans" in spec else None)
     trainer = DMDTrainer(cfg, inputs, full_weights=spec.get("full_weights", False))
     if spec.get("gradients"):
         gradients(trainer, out)

@@ -1,0 +1,193 @@
+"""``activation_checkpointing: budget`` for distill_dmd: a plan for each pass that carries a gradient,
+made when the trainer starts, under one limit on the step's peak (``ac_memory_limit_gib``; null: 0.9
+of the GPU's memory).
+
+- ``critic``: the fake score over the teacher-forcing layout of ``latent_frames`` (the video as the
+  clean context, its noised copy), every block once, as train_ar's window.
+- ``generator``: the exit step of each of the last ``grad_frames``' chunks, every block once per
+  chunk, attending to the rollout's KV cache as full as the window lets it be.
+
+Each pass's floor is what a ``full`` step of it holds (``train.ac_planning.StepMemory``: the frozen
+backbone, the adapters, their gradients and both optimizers' moments, FSDP's buffers; the blocks'
+inputs; the activations outside the blocks; one block's forward and backward at once). The
+generator's floor also holds every chunk the rollout wrote to its cache (the checkpointed exit steps
+reference the cache as it was until the backward) and runs the scores' forwards on top: its transient
+is the larger of the two passes'. Distillation does not compile, so the eager profile prices exactly
+what the step keeps. Profiles run on every rank and rank 0's are every rank's; plans are cached on
+rank 0's disk by what they depend on. Profiling forks the RNG and runs on a copy of a block: it
+changes no number of the run.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from longlive_core.distill.config import DistillDMDConfig
+from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, check_peak, memory_limit
+from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
+from longlive_core.distributed.ac_profile import profile_block
+from longlive_core.infer.kv_cache import KVCache
+from longlive_core.models.rope import rope_cos_sin
+from longlive_core.models.wan_dit import WanDiT
+from longlive_core.train.ac_planning import (
+    block_inputs,
+    entry_metrics,
+    forked_rng,
+    log_plan,
+    plan_entry,
+    step_memory,
+)
+from longlive_core.train.checkpointing import agree
+from longlive_core.train.layout import TeacherForcingLayout
+
+KEY = "distill_dmd.ac_memory_limit_gib"
+PASSES = ("critic", "generator")
+
+
+def chunk_inputs(model: WanDiT, chunk_frames: int, past_frames: int, tokens_per_frame: int, text_tokens: int,
+                 grid: tuple[int, int], dtype: torch.dtype, device: torch.device) -> tuple:
+    """A block's arguments for one rollout chunk's exit step (as ``WanDiT.forward`` passes them under
+    the inference cache): one timestep for the chunk, self-attention over ``past_frames`` cached
+    frames and the chunk's own; random values from the (forked) global RNG."""
+    cfg = model.cfg
+    x = torch.randn(1, chunk_frames * tokens_per_frame, cfg.dim, device=device, dtype=dtype).requires_grad_()
+    context = torch.randn(1, text_tokens, cfg.dim, device=device, dtype=dtype).requires_grad_()
+    t_mod = (torch.randn(1, 1, 6, cfg.dim, device=device) / cfg.dim**0.5).requires_grad_()
+    positions = torch.arange(past_frames, past_frames + chunk_frames, device=device)
+    rope = rope_cos_sin(cfg.rope_dims, positions, *grid, cfg.rope_theta)
+    cache = KVCache(1, tokens_per_frame)
+    if past_frames:
+        kv = torch.randn(1, cfg.num_heads, past_frames * tokens_per_frame, cfg.dim // cfg.num_heads, device=device,
+                         dtype=dtype)
+        with cache.write(past_frames):
+            cache.for_layer(0)(kv, kv, kv, None)
+    return x, context, t_mod, 1, rope, None, cache.for_layer(0)
+
+
+class DistillPlanner:
+    """The budget plans of one DMD trainer: ``plan`` (collective), ``use`` before each gradient pass,
+    ``check_peak`` after each step, ``summary`` for MLflow."""
+
+    def __init__(self, budget: BudgetCheckpointing, cfg: DistillDMDConfig, model: WanDiT, roles: int,
+                 optimizer: torch.optim.Optimizer, chunk_frames: int, grid: tuple[int, int], text_tokens: int,
+                 device: torch.device, dtype: torch.dtype, cache_dir: Path):
+        self.budget, self.cfg, self.model, self.chunk = budget, cfg, model, chunk_frames
+        self.grid, self.text_tokens, self.device, self.dtype = grid, text_tokens, device, dtype
+        # every role's model was wrapped (three copies for full weights): the blocks of one run a pass
+        self.counts = {k: n // roles for k, n in budget.counts.items()}
+        self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
+        self.memory = step_memory(model, optimizer, {}, dtype, device)  # the model holds both adapters
+        self.cache = PlanCache(cache_dir)
+        self.rank = dist.get_rank()
+        self.report: dict[str, dict] = {}
+        self.measured = 0
+        for probe in budget.probes.values():  # as FSDP gathers them; packed NVFP4 codes stay as they are
+            for p in probe.parameters():
+                if p.is_floating_point():
+                    p.data = p.data.to(dtype)
+
+    @property
+    def grad_chunks(self) -> int:
+        return self.cfg.grad_frames // self.chunk
+
+    @property
+    def past_frames(self) -> int:
+        """The most frames a grad chunk's cache holds."""
+        window = self.cfg.latent_frames if self.cfg.window is None else min(self.cfg.window, self.cfg.latent_frames)
+        return window - self.chunk
+
+    def _key(self) -> dict:
+        cfg = self.cfg
+        return {"stage": "distill_dmd", "dit": dataclasses.asdict(self.model.cfg),
+                "kinds": dict(sorted(self.counts.items())),
+                "latent_frames": cfg.latent_frames, "grad_frames": cfg.grad_frames, "window": cfg.window,
+                "chunk": self.chunk, "grid": list(self.grid), "text_tokens": self.text_tokens,
+                "world": dist.get_world_size(), "sharding": cfg.parallel.sharding, "dtype": str(self.dtype),
+                "recipe": cfg.recipe, "lora": dataclasses.asdict(cfg.lora), "torch": torch.__version__,
+                "limit": self.limit,
+                "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+                "memory": [self.memory.resident // 2**26, self.memory.grads, self.memory.optimizer, self.memory.fsdp]}
+
+    def _profiles(self, args: tuple) -> dict[str, BlockProfile]:
+        made = agree({k: profile_block(p, args).to_json() for k, p in sorted(self.budget.probes.items())})
+        return {k: BlockProfile.from_json(p) for k, p in made.items()}
+
+    def _plan(self) -> dict[str, dict]:
+        cfg, dim, item = self.cfg, self.model.cfg.dim, self.dtype.itemsize
+        tokens_per_frame = self.grid[0] * self.grid[1]
+        blocks = sum(self.counts.values())
+        layout = TeacherForcingLayout(cfg.latent_frames, self.chunk, tokens_per_frame, self.text_tokens, 1)
+        for probe in self.budget.probes.values():
+            probe.to(self.device)
+        try:
+            with forked_rng(self.device):
+                critic = self._profiles(block_inputs(self.model, layout, self.grid, self.dtype, self.device))
+            with forked_rng(self.device):
+                generator = self._profiles(chunk_inputs(self.model, self.chunk, self.past_frames, tokens_per_frame,
+                                                        self.text_tokens, self.grid, self.dtype, self.device))
+        finally:
+            for probe in self.budget.probes.values():
+                probe.to("cpu")
+        transient = max(p.transient_bytes for p in [*critic.values(), *generator.values()])
+        static = dataclasses.asdict(self.memory)
+        n_critic = 2 * cfg.latent_frames * tokens_per_frame
+        n_chunk = self.chunk * tokens_per_frame
+        g = self.grad_chunks
+        passes = {
+            "critic": (critic, self.counts, {
+                **static, "block_inputs": blocks * max(p.input_bytes for p in critic.values()),
+                "outside": n_critic * dim * (8 + item),
+                "transient": max(p.transient_bytes for p in critic.values())}),
+            "generator": (generator, {k: g * n for k, n in self.counts.items()}, {
+                **static, "block_inputs": g * blocks * max(p.input_bytes for p in generator.values()),
+                "outside": g * n_chunk * dim * (8 + item),
+                "kv_cache": blocks * 2 * (cfg.latent_frames - self.chunk) * tokens_per_frame * dim * item,
+                "transient": transient})}
+        out = {}
+        for name, (profiles, counts, parts) in passes.items():
+            plans = plan_blocks(profiles, counts, self.limit - sum(parts.values()))
+            out[name] = plan_entry(profiles, plans, counts, parts,
+                                   sum(counts[k] * plans[k].saved_bytes for k in plans))
+        return out
+
+    def plan(self) -> None:
+        """Collective (every rank calls it alike): both passes' plans, from the cache or profiled now."""
+        key = self._key()
+        report = agree(self.cache.get(key) if self.rank == 0 else None)
+        if report is None:
+            report = self._plan()
+            if self.rank == 0:
+                self.cache.put(key, report)
+        self.report = report
+        for name in PASSES:
+            self.budget.plans[name] = {k: ACPlan.from_json(p) for k, p in report[name]["plans"].items()}
+            log_plan(KEY, f"the {name}'s pass", report[name], self.limit)
+        self.budget.probes.clear()  # the shapes are fixed: no later planning
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def use(self, name: str) -> None:
+        """Before a forward that carries ``name``'s gradient: its blocks keep what its plan says."""
+        self.budget.use(name)
+
+    def check_peak(self, step: int) -> None:
+        """Collective on CUDA: the world's largest peak so far against the limit (an error above it)."""
+        if self.device.type != "cuda":
+            return
+        peak = torch.tensor([float(torch.cuda.max_memory_allocated(self.device))], dtype=torch.float64,
+                            device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        self.measured = int(peak.item())
+        check_peak(self.measured, self.limit, max(e["predicted_peak"] for e in self.report.values()), KEY, step)
+
+    def summary(self) -> dict[str, float]:
+        out = {"ac_limit_gib": self.limit / 2**30}
+        for name in PASSES:
+            out.update(entry_metrics(self.report[name], name, self.budget.matched_share(name)))
+        if self.measured:
+            out["ac_measured_peak_gib"] = self.measured / 2**30
+        return out
