@@ -11,6 +11,15 @@ want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
+# the environment takes ~7.7 GiB (torch's CUDA libraries most of it) and pip unpacks beside it: say so
+# up front rather than fail half-installed on "No space left on device"
+need_kib=$((9 * 1024 * 1024))
+free_kib="$(df -Pk "$root" | awk 'NR == 2 {print $4}')"
+if [ -n "$free_kib" ] && [ "$free_kib" -lt "$need_kib" ]; then
+  echo "[bootstrap] $root has $((free_kib / 1024 / 1024)) GiB free; installing the environment needs about 9 GiB:" \
+       "free space on that disk (old clones and their .venv, /tmp/pytest-of-*) and run this again" >&2
+  exit 1
+fi
 echo "[bootstrap] installing into $root/.venv (pinned by constraints.txt)"
 [ -x .venv/bin/python ] || "$py" -m venv .venv
 # pip warns about every local index folder this machine's pip.conf names but lacks: hide that noise
