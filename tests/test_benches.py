@@ -1,7 +1,8 @@
 """The inference benches' code paths on the CPU with their tiny models: bench/generate_product.py's
 folders load through the product's own checks and every row reports what bench/RESULTS.md quotes;
 bench/vae_decode.py compares each variant with float32; bench/generate_sp_projection.py runs a rank of P;
-bench/caption_throughput.py runs the caption stage's generate and reports its row."""
+bench/caption_throughput.py runs the caption stage's generate and reports its row; bench/ac_projection.py
+plans the production step from the committed H200 block profile."""
 from __future__ import annotations
 
 import json
@@ -53,6 +54,22 @@ def test_the_sequence_parallel_projection_runs_a_rank_of_p_on_one_device():
     assert [r.split(":")[0] for r in rows] == ["P = 1", "P = 2"]
     assert all("projected" in r and "exchange" in r for r in rows)
     assert "exchange 0.0 ms (0.00 GB)" in rows[0]  # one rank exchanges nothing
+
+
+def test_the_checkpointing_projection_plans_production_from_the_committed_h200_profile():
+    """bench/ac_projection.py as RESULTS.md runs it: every plan within its limit, between full's MFU and
+    no recomputation's, more memory never slower; the profile's own shape planned beside."""
+    proc = subprocess.run([sys.executable, str(REPO / "bench/ac_projection.py"), "--memory-gb", "186", "141"],
+                          capture_output=True, text=True, cwd=REPO, check=True, env={"PYTHONPATH": str(REPO)})
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    gb200, h200, *checks = rows
+    assert (gb200["memory_gb"], gb200["blocks"], gb200["tokens_per_rank"]) == (186.0, 30, 42240)
+    assert [c["check_limit_gib"] for c in checks] == [47.0, 65.0] and checks[0]["tokens_per_rank"] == 56320
+    for r in rows:
+        assert r["floor_gib"] < r["predicted_peak_gib"] <= r["limit_gib"]
+        assert r["full_mfu"] < r["mfu_low"] <= r["mfu_high"] <= 0.516
+    assert gb200["mfu_low"] >= h200["mfu_low"] and gb200["kept_gib"] > h200["kept_gib"]
+    assert "a projection, not a measurement" in proc.stdout
 
 
 def test_the_caption_bench_runs_the_stage_generate_and_reports_its_row(tmp_path):

@@ -35,6 +35,8 @@ def test_the_flows_dry_runs_print_what_would_run(repo, tmp_path):
 def test_the_other_scripts_smallest_real_runs(repo):
     plan = run([str(VENV_BIN / "longlive"), "plan", "--videos", "100", "--gpus", "1"], repo)
     assert "plan for 100 videos" in plan.stdout
+    gb200 = run([str(VENV_BIN / "longlive"), "plan", "--videos", "100", "--gpus", "4", "--gpu", "gb200"], repo)
+    assert "not measured (no GB200 is lent). Projected on paper by bench/ac_projection.py" in gb200.stdout
     check = run([str(VENV_BIN / "longlive-params"), "check", "configs/production.yaml"], repo)
     assert "gives every key of params.yaml" in check.stdout
     recorded = run([str(VENV_BIN / "longlive-record-pipeline")], repo)

@@ -80,11 +80,16 @@ def step_memory(model: WanDiT, optimizer: torch.optim.Optimizer, ema: dict[str, 
     else:  # no allocator statistics: the shards and the EMA
         resident = _bytes(params) + _bytes(ema.values()) + _bytes(model.buffers())
     grads = _bytes(trainable)
+    return StepMemory(resident, grads, 0 if optimizer.state else 2 * grads, fsdp_bytes(model, dtype))
+
+
+def fsdp_bytes(model: WanDiT, dtype: torch.dtype) -> int:
+    """FSDP's buffers at once: two blocks' gathered compute copies, the root's, one block's unsharded
+    float32 gradients."""
     in_blocks = {id(p) for p in model.blocks.parameters()}
     block = max(sum(p.numel() for p in b.parameters()) for b in model.blocks)  # the largest, whole (DTensor.numel)
-    root = sum(p.numel() for p in params if id(p) not in in_blocks)
-    fsdp = (2 * block + root) * dtype.itemsize + 4 * block  # gathered copies; one block's float32 gradients
-    return StepMemory(resident, grads, 0 if optimizer.state else 2 * grads, fsdp)
+    root = sum(p.numel() for p in model.parameters() if id(p) not in in_blocks)
+    return (2 * block + root) * dtype.itemsize + 4 * block
 
 
 def block_inputs(model: WanDiT, layout: TeacherForcingLayout, grid: tuple[int, int], dtype: torch.dtype,
