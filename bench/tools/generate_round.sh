@@ -7,6 +7,7 @@
 #   bash bench/tools/generate_round.sh make kernels vae sp
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
 #   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption
+#   bash bench/tools/generate_round.sh dmd                   # ~5 min: distill_dmd's budget plans against full
 # $OUT returns at most 8 files: tar what a call writes (ac-plans/ holds one file per plan)
 set -u
 out=${OUT:-device_out}
@@ -41,6 +42,9 @@ for part in "$@"; do case $part in
     gpu_tests) run gpu_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_ac_budget.py \
                tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_cudnn_fp8.py \
                tests/test_quant_triton.py -k "gpu or compiled or cuda" ;;
+    dmd) for ac in none full budget:24 budget:30; do  # distill_dmd's planner against full and none, NVFP4 + LoRA
+             run "dmd_${ac/:/}" python3 bench/dmd_step.py --blocks 8 --frames 32 --modes nvfp4-lora --steps 2 --ac "$ac" \
+                 --out "$out/dmd_${ac/:/}"; done ;;
     caption) run caption python3 bench/caption_throughput.py --repeats 3 --json "$out/caption.jsonl" ;;
     sp) run sp python3 bench/generate_sp_projection.py --compile ;;
     *) echo "unknown part $part"; status=1 ;;
