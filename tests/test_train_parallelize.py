@@ -1,5 +1,6 @@
-"""What training applies from outside the model: activation checkpointing changes no number, the
-precision schedule's forward switch, and the launcher's torchrun command."""
+"""What training applies from outside the model: activation checkpointing changes no number and a
+checkpointed block compiles as one graph, the precision schedule's forward switch, and the
+launcher's torchrun command."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from longlive_core.config import ConfigError
+from longlive_core.distributed.ac_budget import BudgetCheckpointing
 from longlive_core.distributed.launch import RDZV_ENV, torchrun_command
 from longlive_core.distributed.parallelize import (
     apply_activation_checkpointing,
@@ -21,6 +23,7 @@ from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.quant.linear import NVFP4Linear, NVFP4Recipe
 from longlive_core.quant.recipe import convert_linears, set_forward_high_precision
+from longlive_core.train.ac_planning import block_inputs
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.layout import TeacherForcingLayout
 
@@ -153,3 +156,34 @@ def test_the_budget_policy_wraps_every_block_with_its_kinds_plan():
     with pytest.raises(ValueError, match="budget needs the trainer's BudgetCheckpointing"):
         parallelize_dit(WanDiT(DIT_CONFIGS["tiny"]), None, ParallelizePlan(activation_checkpointing="budget"),
                         torch.device("cpu"))
+
+
+@pytest.mark.parametrize("recipe, mode", [("bf16", "full"), ("bf16", "selective"), ("bf16", "budget"),
+                                          ("nvfp4", "full")])
+def test_a_checkpointed_block_compiles_as_one_graph(recipe, mode, device="cpu"):
+    """A graph break inside a checkpointed block sends the whole block to eager under compile (the
+    per-frame cross-attention through FlexAttention once did, for every checkpointing mode): each
+    policy's block is one graph, the emulated NVFP4 product in it as the ``longlive::scaled_product``
+    operator (its CUDA path calls cuBLASLt through ctypes, which tracing cannot follow)."""
+    torch.manual_seed(0)
+    model = WanDiT(DIT_CONFIGS["tiny"])
+    if recipe != "bf16":
+        convert_linears(model, recipe)
+    budget = BudgetCheckpointing()  # the wrappers name it by number: it lives while they run
+    apply_activation_checkpointing(model, mode, budget)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    model.to(device, dtype)
+    args = block_inputs(model, TeacherForcingLayout(4, 2, 4, 6), (2, 2), dtype, torch.device(device))
+    explained = torch._dynamo.explain(model.blocks[0])(*args)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    targets = {str(node.target) for graph in explained.graphs for module in graph.modules() if hasattr(module, "graph")
+               for node in module.graph.nodes}
+    assert "tag_activation_checkpoint" in targets
+    assert ("longlive.scaled_product.default" in targets) == (recipe == "nvfp4")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+@pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])
+def test_a_checkpointed_block_compiles_as_one_graph_on_the_gpu(recipe):
+    """The same on CUDA, where the NVFP4 path launches Triton quantize kernels and calls cuBLASLt."""
+    test_a_checkpointed_block_compiles_as_one_graph(recipe, "full", "cuda")

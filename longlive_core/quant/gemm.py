@@ -65,6 +65,16 @@ def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_deco
             raise ValueError(f"emulated_mm's bias must be a ({b.shape[-1]},) vector on {a.device}, one value per "
                              f"output column; got {tuple(bias.shape)} on {bias.device}")
         bias = bias.to(out_dtype)
+    return scaled_product(a, b, alpha, out_dtype, bias)
+
+
+@torch.library.custom_op("longlive::scaled_product", mutates_args=())
+def scaled_product(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_dtype: torch.dtype,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """``emulated_mm``'s product as one operator, so that a compiled graph calls it as it is (the
+    ctypes cuBLASLt call reads data pointers, which tracing cannot: a graph break, and a checkpointed
+    block with a graph break runs eagerly), and so that activation checkpointing's policies and the
+    budget planner's profile see it: one op whose output can be kept and whose time is counted."""
     if cublas.supported(a, b, out_dtype):
         return cublas.scaled_mm_unchecked(a, b, alpha, out_dtype, bias)
     # the CPU has no bf16 -> fp32 mm; there the operands go to float32, where they are exact too
@@ -73,3 +83,8 @@ def emulated_mm(a: torch.Tensor, a_decode: torch.Tensor, b: torch.Tensor, b_deco
     if bias is not None:
         out = out + bias.float()
     return out.to(out_dtype)
+
+
+@scaled_product.register_fake
+def _(a, b, alpha, out_dtype, bias):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
