@@ -125,12 +125,16 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
 def test_two_ranks_distil_their_own_prompts_with_one_exit_step(tmp_path, inputs, one_rank):
     """Data parallel over 2 ranks (FSDP2 over gloo): every step's exit step comes from rank 0, the
     losses are the mean of the ranks' (each rank draws its own prompt, so they differ from one rank's),
-    and a resumed 2-rank run continues exactly. Balanced SP over the same 2 ranks (sp 2: one prompt,
+    and a resumed 2-rank run continues exactly; activation_checkpointing budget plans once for both ranks
+    and changes no loss. Balanced SP over the same 2 ranks (sp 2: one prompt,
     each chunk's frames split for the rollouts, the video's temporal halves for the scores) distils
     what one rank distils."""
     ckpt = str(tmp_path / "ckpt")
     two = launch(tmp_path / "two", inputs, [{"name": "first", "checkpoints": ckpt, "stop_after": 3},
                                             {"name": "second", "checkpoints": ckpt},
+                                            {"name": "budget", "stop_after": 3, "ac_plans": str(tmp_path / "plans"),
+                                             "distill_dmd": {"activation_checkpointing": "budget",
+                                                             "ac_memory_limit_gib": 1.0}},
                                             {"name": "sp", "distill_dmd": {"sp": 2}},
                                             {"name": "sp-gradients", "distill_dmd": {**EXACT, "sp": 2},
                                              "gradients": True}],
@@ -140,6 +144,14 @@ def test_two_ranks_distil_their_own_prompts_with_one_exit_step(tmp_path, inputs,
         one = load_file(one_rank[0]["gradients"]["out"] / "gradients.safetensors")[role]
         cosine = float(torch.nn.functional.cosine_similarity(sp, one, dim=0))
         assert cosine > 0.9999 and float(sp.norm() / one.norm()) == pytest.approx(1.0, rel=1e-3), (role, cosine)
+    # budget over 2 ranks: rank 0's profiles and plans are both ranks' (one cache entry), and the plans
+    # change no number
+    for plain, planned in zip(two["first"]["summary"]["logged"], two["budget"]["summary"]["logged"], strict=True):
+        for key in ("critic_loss", "critic_grad_norm", "dmd_loss", "generator_grad_norm"):
+            if key in plain:
+                assert planned[key] == pytest.approx(plain[key], rel=1e-5), (plain["step"], key)
+    assert two["budget"]["summary"]["ac_saved_matched_critic"] == 1.0
+    assert len(list((tmp_path / "plans").glob("*.json"))) == 1
     solo_run = one_rank[0]["straight"]["summary"]["logged"]
     for sp, one in zip(two["sp"]["summary"]["logged"], solo_run, strict=True):
         assert sp["exit_index"] == one["exit_index"] and math.isfinite(sp["critic_loss"])
