@@ -122,3 +122,13 @@ def test_the_budget_planner_has_no_stand_in_rate(params):
     t["ac_memory_limit_gib"] = None
     e = estimate("train_ar", {**params, "train_ar": t}, Workload(videos=1, gpus=32), rates)
     assert e.hours is None and "+budget0.9x-ac" in e.missing
+
+
+def test_distillation_is_planned_at_the_rate_of_its_recipe_and_checkpointing(params):
+    """The committed DMD rate is production's (NVFP4 + LoRA, full checkpointing); a distillation with
+    another policy has no stand-in."""
+    w = Workload(videos=1, gpus=16)
+    assert estimate("distill_dmd", params, w, load_rates()).hours > 0
+    d = {**params["distill_dmd"], "activation_checkpointing": "budget", "ac_memory_limit_gib": None}
+    e = estimate("distill_dmd", {**params, "distill_dmd": d}, w, load_rates())
+    assert e.hours is None and "(nvfp4+budget0.9x-ac)" in e.missing and "bench/dmd_step.py --ac budget" in e.missing

@@ -68,6 +68,18 @@ def caption_variant(caption: dict[str, Any]) -> str:
     return f"bs{caption['batch_size']}-{caption['max_frames']}f-{caption['max_new_tokens']}tok"
 
 
+def precision_variant(recipe: str, section: dict[str, Any]) -> str:
+    """What a training rate was measured at: the recipe and the recomputation of activation
+    checkpointing (``nvfp4+full-ac``; the compiler's per budget, the planner's per memory limit)."""
+    ac = section.get("activation_checkpointing", "none")
+    if ac == "compiler":
+        ac = f"compiler{float(section.get('ac_budget', 0.5)):g}"
+    elif ac == "budget":  # GiB; null: 0.9 of the GPU's
+        limit = section.get("ac_memory_limit_gib")
+        ac = "budget" + ("0.9x" if limit is None else f"{float(limit):g}GiB")
+    return recipe + ("" if ac == "none" else f"+{ac}-ac")
+
+
 def stage_work(stage: str, params: dict[str, Any], w: Workload) -> tuple[float, str, str, float]:
     """(work, its unit, the rate variant that matches params, a factor the rate's time is multiplied by)."""
     fps = _frames_per_second(params)
@@ -86,20 +98,14 @@ def stage_work(stage: str, params: dict[str, Any], w: Workload) -> tuple[float, 
         return w.videos * w.video_seconds * fps, "frames", f"sp{params['encode_latents'].get('sp', 1)}", 1.0
     if stage == "train_ar":  # the recipe and the recomputation of activation checkpointing set the rate
         t = params["train_ar"]
-        ac = t.get("activation_checkpointing", "none")
-        if ac == "compiler":  # the compiler's recomputation depends on its budget: a rate per budget
-            ac = f"compiler{float(t.get('ac_budget', 0.5)):g}"
-        elif ac == "budget":  # the planner's on its memory limit: a rate per limit (GiB; null: 0.9 of the GPU's)
-            limit = t.get("ac_memory_limit_gib")
-            ac = "budget" + ("0.9x" if limit is None else f"{float(limit):g}GiB")
-        return _train_tflop(params), "TFLOP", t["precision"]["recipe"] + ("" if ac == "none" else f"+{ac}-ac"), 1.0
+        return _train_tflop(params), "TFLOP", precision_variant(t["precision"]["recipe"], t), 1.0
     if stage == "distill_dmd":
         from longlive_core.models.config import dit_config
 
         d = params["distill_dmd"]
         blocks = dit_config(params["train_ar"]["model"]).num_layers
         # the rate was measured on 8 blocks of one rank's sample: every rank does one per iteration
-        return d["steps"] * d["nnodes"] * d["nproc"], "rank-iterations", "", blocks / 8
+        return d["steps"] * d["nnodes"] * d["nproc"], "rank-iterations", precision_variant(d["recipe"], d), blocks / 8
     if stage == "merge_w4a4":
         return 1, "models", "", 1.0
     if stage == "evaluate":
@@ -117,7 +123,8 @@ def estimate(stage: str, params: dict[str, Any], w: Workload, rates: list[Rate])
         why = (rate.note if rate is not None and rate.note else
                f"no {stage} rate measured on {device}" + (f" ({variant})" if variant else ""))
         if "+budget" in variant:  # no other policy's rate stands in for it
-            why += "; activation_checkpointing budget is measured per limit: bench/train_step.py --ac budget:<GiB>"
+            bench = "bench/dmd_step.py" if stage == "distill_dmd" else "bench/train_step.py"
+            why += f"; activation_checkpointing budget is measured per limit: {bench} --ac budget:<GiB>"
         return StageEstimate(stage, device, work, unit, rate, None, None, f"no measured rate: {why}")
     device_seconds = work / rate.per_device * factor
     parallel = w.cpu_cores if device == "cpu" else w.gpus
