@@ -254,3 +254,22 @@ def test_the_vbench_environment_script_parses_and_pins_what_vbench_needs():
     pins = dict(line.split("==") for line in (INFRA / "vbench" / "requirements.txt").read_text().splitlines()
                 if line and not line.startswith("#"))
     assert pins["vbench"] == "0.1.5" and pins["transformers"] == "4.33.2" and int(pins["numpy"].split(".")[0]) < 2
+
+
+def test_a_slurm_left_on_the_ports_is_named_before_the_local_cluster_starts(tmp_path):
+    """A cluster left running by a killed test run holds the ports; starting another used to fail with
+    slurm's "Invalid node state specified", which names neither the port nor the daemon."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        env = dict(os.environ, LONGLIVE_SLURM_DIR=str(tmp_path / "slurm"), LONGLIVE_SLURMCTLD_PORT=str(port),
+                   LONGLIVE_SLURMD_PORT=str(port))
+        proc = subprocess.run(["bash", str(REPO / "infra/slurm/local_cluster.sh"), "start"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert f"port {port} is in use: another Slurm (or something else) listens there" in proc.stderr
+    assert "LONGLIVE_SLURMCTLD_PORT and LONGLIVE_SLURMD_PORT" in proc.stderr
+    assert not (tmp_path / "slurm" / "slurm.conf").exists()  # nothing started, nothing written

@@ -76,9 +76,24 @@ PartitionName=gpu Nodes=gpu-[01-$(printf %02d "$FAKE_NODES")] MaxTime=INFINITE S
 CONF
 }
 
+ports_free() {
+  # a cluster left running from another state folder (a killed test run) holds the ports: slurmd
+  # and slurmctld would then fail later with "Invalid node state specified", which names neither
+  local port
+  for port in "${LONGLIVE_SLURMCTLD_PORT:-6817}" "${LONGLIVE_SLURMD_PORT:-6818}"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "port $port is in use: another Slurm (or something else) listens there. Stop it (a cluster of this" \
+           "script: LONGLIVE_SLURM_DIR=<its folder> $0 stop; running daemons: $(pgrep -a 'slurmctld|slurmd' \
+           | tr '\n' ';' || true)) or choose free ports with LONGLIVE_SLURMCTLD_PORT and LONGLIVE_SLURMD_PORT" >&2
+      exit 1
+    fi
+  done
+}
+
 start() {
-  install_packages
   stop_daemons quiet
+  ports_free
+  install_packages
   write_config
   # munge: its own socket would need every client to know it; the system default is what slurm uses
   if ! pgrep -x munged >/dev/null; then
