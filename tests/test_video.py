@@ -83,7 +83,8 @@ def test_demo_data_is_deterministic_and_complete(tmp_path):
     assert t1 == t2 == json.loads((tmp_path / "a.json").read_text())
 
     def contents(root):
-        """Each file's bytes, or for a video its decoded frames (the half-file copy: its length). x264's
+        """Each file's bytes, or for a video its decoded frames (the half-file copy: whether it is the first
+        half of the first video's bytes). x264's
         output is not reproducible in a long-lived process (seen in full test runs, never alone: its
         rate control computes in floats, and a library loaded earlier can change how the process
         rounds them), so the same rendered frames may encode to other bits and decoded frames differ
@@ -94,7 +95,8 @@ def test_demo_data_is_deterministic_and_complete(tmp_path):
             if not p.is_file():
                 continue
             if rel == "broken/truncated.mp4":
-                out[rel] = p.stat().st_size
+                whole = (root / t1["videos"][0]["path"]).read_bytes()
+                out[rel] = p.read_bytes() == whole[: len(whole) // 2]
             elif p.suffix == ".mp4" and p.stat().st_size > 1000:
                 with av.open(str(p)) as container:
                     out[rel] = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
@@ -103,7 +105,7 @@ def test_demo_data_is_deterministic_and_complete(tmp_path):
         return out
 
     a, b = contents(tmp_path / "a"), contents(tmp_path / "b")
-    assert a.keys() == b.keys()
+    assert a.keys() == b.keys() and a["broken/truncated.mp4"] is b["broken/truncated.mp4"] is True
     for rel, got in a.items():
         if not isinstance(got, np.ndarray):
             assert got == b[rel], rel

@@ -34,11 +34,13 @@ from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.ac_planning import (
     block_inputs,
+    cast_probes,
     entry_metrics,
     forked_rng,
     log_plan,
     plan_entry,
     step_memory,
+    world_peak,
 )
 from longlive_core.train.checkpointing import agree
 from longlive_core.train.layout import TeacherForcingLayout
@@ -84,10 +86,7 @@ class DistillPlanner:
         self.rank = dist.get_rank()
         self.report: dict[str, dict] = {}
         self.measured = 0
-        for probe in budget.probes.values():  # as FSDP gathers them; packed NVFP4 codes stay as they are
-            for p in probe.parameters():
-                if p.is_floating_point():
-                    p.data = p.data.to(dtype)
+        cast_probes(budget, dtype)
 
     @property
     def grad_chunks(self) -> int:
@@ -178,10 +177,7 @@ class DistillPlanner:
         """Collective on CUDA: the world's largest peak so far against the limit (an error above it)."""
         if self.device.type != "cuda":
             return
-        peak = torch.tensor([float(torch.cuda.max_memory_allocated(self.device))], dtype=torch.float64,
-                            device=self.device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        self.measured = int(peak.item())
+        self.measured = world_peak(self.device)
         check_peak(self.measured, self.limit, max(e["predicted_peak"] for e in self.report.values()), KEY, step)
 
     def summary(self) -> dict[str, float]:

@@ -105,6 +105,23 @@ def block_inputs(model: WanDiT, layout: TeacherForcingLayout, grid: tuple[int, i
     return x, context, t_mod, 2 * f, rope, layout.self_mask(), model.attention_fn
 
 
+def cast_probes(budget: BudgetCheckpointing, dtype: torch.dtype) -> None:
+    """The profiler's block copies as FSDP gathers them: floating-point parameters in the compute
+    dtype (packed NVFP4 codes and scales are buffers, left as they are)."""
+    for probe in budget.probes.values():
+        for p in probe.parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
+
+
+def world_peak(device: torch.device, floor: int = 0) -> int:
+    """Collective: the largest peak of allocated memory on any rank so far (at least ``floor``)."""
+    peak = torch.tensor([float(max(floor, torch.cuda.max_memory_allocated(device)))], dtype=torch.float64,
+                        device=device)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return int(peak.item())
+
+
 @contextlib.contextmanager
 def forked_rng(device: torch.device):
     """A profile's random inputs from a forked RNG seeded 0: the run's draws are left as they were."""
@@ -177,9 +194,7 @@ class WindowPlanner:
         self._carried = 0  # the peak before a planning reset it (a window planned between steps)
         self._warned: set[int] = set()
         self._on_device = False
-        for probe in budget.probes.values():  # as FSDP gathers them: parameters in the compute dtype
-            for p in probe.parameters():
-                p.data = p.data.to(dtype)
+        cast_probes(budget, dtype)
 
     def _key(self, window: int) -> dict:
         cfg, p = self.cfg, self.cfg.precision
@@ -271,10 +286,7 @@ class WindowPlanner:
         """Collective on CUDA: the world's largest peak so far against the limit (an error above it)."""
         if self.device.type != "cuda":
             return
-        peak = torch.tensor([float(max(self._carried, torch.cuda.max_memory_allocated(self.device)))],
-                            dtype=torch.float64, device=self.device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        self.measured = int(peak.item())
+        self.measured = world_peak(self.device, self._carried)
         predicted = max((e["predicted_peak"] for e in self.report.values()), default=None)
         check_peak(self.measured, self.limit, predicted, KEY, step)
 
