@@ -105,7 +105,9 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
                 if i >= 2:
                     times.append(time.perf_counter() - t0)
             step_s = statistics.median(times)
+            step_peak = torch.cuda.max_memory_allocated()
             fwd_bwd = []  # the forward and backward alone: what the optimizer, clipping and EMA add
+            torch.cuda.reset_peak_memory_stats()
             for i in range(2):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -114,13 +116,15 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
                 fwd_bwd.append(time.perf_counter() - t0)
                 trainer.optimizer.zero_grad(set_to_none=True)
             row["fwd_bwd_ms"] = round(min(fwd_bwd) * 1000, 1)
+            # where the step's peak is: in the forward and backward, or in what follows them
+            row["fwd_bwd_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
             if args.profile:
                 name = f"profile-{recipe}-{ac.replace(':', '')}-{int(compiled)}-{attention}-{frames}.txt"
                 profile_step(trainer, Path(args.out) / name)
             row.update({"step_ms": round(step_s * 1000, 1), "tokens_per_s": round(tokens / step_s),
                         "tflops": round(flops / step_s / 1e12, 1),
                         "mfu": round(flops / step_s / 1e12 / PEAK_BF16_TFLOPS["H200"], 4),
-                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1), "loss": round(loss, 4),
+                        "peak_gib": round(step_peak / 2**30, 1), "loss": round(loss, 4),
                         "spread_ms": round((max(times) - min(times)) * 1000, 1)})
             if trainer.planner is not None:  # the plan's prediction beside the measured peak
                 row.update({k: round(v, 3) for k, v in trainer.planner.summary().items()

@@ -255,6 +255,25 @@ def test_a_budget_run_trains_as_a_run_without_checkpointing_and_reports_its_plan
     assert budget["lineage"][0]["ac_memory_limit_gib"] == 1.0
 
 
+def test_one_micro_batch_counts_the_blocks_gradients_where_they_replace_what_the_blocks_kept(tmp_path, two_lengths,
+                                                                                           gloo_world):
+    """With one micro-batch a block's gradients are made as the backward frees its input and kept
+    outputs: the plan counts the larger of the two, so it keeps more under the same limit; with
+    accumulation every gradient is held beside the next micro-batch's activations."""
+    limit = {"ac_memory_limit_gib": 0.0049}  # ~0.4 MB above the tiny step's floor with accumulation
+
+    one = budget_trainer(two_lengths, tmp_path / "a", tmp_path / "plans", grad_accum=1, **limit).planner.report[8]
+    two = budget_trainer(two_lengths, tmp_path / "b", tmp_path / "plans", **limit).planner.report[8]
+    inputs, grads = two["floor_parts"]["block_inputs"], two["floor_parts"]["grads"]
+    model_grads = budget_trainer(two_lengths, tmp_path / "c", tmp_path / "plans", grad_accum=1, **limit).model
+    block_grads = sum(p.numel() * p.element_size() for p in model_grads.blocks.parameters())
+    assert one["floor_parts"]["grads"] == grads - min(block_grads, inputs)
+    absorbed = max(0, block_grads - inputs)
+    assert one["predicted_peak"] == one["floor"] + max(0, one["kept"] - absorbed) <= limit["ac_memory_limit_gib"] * 2**30
+    assert two["predicted_peak"] == two["floor"] + two["kept"]
+    assert one["kept"] > two["kept"]  # the room the gradients left
+
+
 DISTILL = {"device": "cpu", "activation_checkpointing": "budget", "ac_memory_limit_gib": 1.0}
 STAGES = {"train_ar": (TrainARConfig, BASE), "distill_dmd": (DistillDMDConfig, DISTILL)}
 

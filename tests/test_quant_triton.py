@@ -31,6 +31,32 @@ def test_triton_matches_torch_in_the_interpreter():
             assert proc.returncode == 0, (kernel, proc.stderr[-3000:])
 
 
+TRACED = """
+import torch
+from longlive_core.quant.gemm import operand_amaxes, quantize_partial
+
+def quantized(x):
+    plain, rht = operand_amaxes(x, "triton")
+    part, dec = quantize_partial(x, rht=True, stochastic=True, backend="triton", amax=rht)
+    return part.float() * dec + plain
+
+x = torch.randn(32, 64)
+explained = torch._dynamo.explain(quantized)(x)
+assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+ops = {str(n.target) for g in explained.graphs for n in g.graph.nodes if n.op == "call_function"}
+assert any("triton_partial" in o for o in ops) and any("triton_amaxes" in o for o in ops), ops
+"""
+
+
+def test_the_triton_quantize_path_traces_as_operators():
+    """Compiled code calls the Triton quantize launches as two operators (``longlive::triton_amaxes``,
+    ``longlive::triton_partial``) in one graph: inline, a checkpointed NVFP4 block was not traced at
+    all on the H200, and a block that is not one graph runs eagerly."""
+    proc = subprocess.run([sys.executable, "-c", TRACED], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
 
 

@@ -24,8 +24,11 @@ def quantize_partial(x: torch.Tensor, tile: tuple[int, int] = (1, BLOCK), rht: b
     (the Triton kernel writes it, sparing the host a multiply per GEMM)."""
     backend = backend or default_backend(x)
     if backend == "triton":
-        from longlive_core.quant import triton_kernels
-        return triton_kernels.quantize_partial(x, tile, rht, stochastic, four_over_six, generator, amax, times)
+        if generator is not None:  # an operator cannot take a generator; tests pass one, training does not
+            from longlive_core.quant import triton_kernels
+            return triton_kernels.quantize_partial(x, tile, rht, stochastic, four_over_six, generator, amax, times)
+        scalar = (lambda v: None if v is None else float32_scalar(v, x.device))
+        return triton_partial(x, list(tile), rht, stochastic, four_over_six, scalar(amax), scalar(times))
     q = quantize_torch(x.contiguous(), tile, rht, stochastic, four_over_six, generator, amax)
     m, k = q.shape
     part = (q.values().view(m, k // BLOCK, BLOCK) * q.scales.float()[..., None]).view(m, k)
@@ -39,8 +42,7 @@ def operand_amaxes(x: torch.Tensor, backend: Backend = None) -> tuple[torch.Tens
     a tensor that is quantized both plainly and after the RHT (one pass over x on the Triton path)."""
     backend = backend or default_backend(x)
     if backend == "triton":
-        from longlive_core.quant import triton_kernels
-        return triton_kernels.amaxes(x)
+        return triton_amaxes(x).unbind()
     check_input(x, (1, BLOCK))
     if x.numel() == 0:
         zero = torch.zeros((), dtype=torch.float32, device=x.device)
@@ -88,3 +90,31 @@ def scaled_product(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, out_dt
 @scaled_product.register_fake
 def _(a, b, alpha, out_dtype, bias):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+# The Triton quantize launches as operators, for the reason ``scaled_product`` is one: a compiled
+# checkpointed block calls them as they are (on the H200 a block with them inline was not traced at
+# all: torch._dynamo.explain gave no graph) and the checkpointing policies see their outputs.
+@torch.library.custom_op("longlive::triton_partial", mutates_args=())
+def triton_partial(x: torch.Tensor, tile: list[int], rht: bool, stochastic: bool, four_over_six: str | None,
+                   amax: torch.Tensor | None, times: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_partial``'s Triton path (stochastic rounding from the device's default generator)."""
+    from longlive_core.quant import triton_kernels
+    return triton_kernels.quantize_partial(x, tuple(tile), rht, stochastic, four_over_six, None, amax, times)
+
+
+@triton_partial.register_fake
+def _(x, tile, rht, stochastic, four_over_six, amax, times):
+    return torch.empty_like(x, dtype=torch.bfloat16), x.new_empty((), dtype=torch.float32)
+
+
+@torch.library.custom_op("longlive::triton_amaxes", mutates_args=())
+def triton_amaxes(x: torch.Tensor) -> torch.Tensor:
+    """``operand_amaxes``' Triton path: (max |x|, max |RHT(x)|) as one float32 pair."""
+    from longlive_core.quant import triton_kernels
+    return torch.stack(triton_kernels.amaxes(x))
+
+
+@triton_amaxes.register_fake
+def _(x):
+    return x.new_empty((2,), dtype=torch.float32)

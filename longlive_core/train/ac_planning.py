@@ -11,7 +11,9 @@ float32 gradients, the root's gathered parameters); and per window every block's
 residual stream each checkpoint keeps), one block's forward and backward at once (the transient:
 the block in backward recomputes what it did not keep) and the activations outside the blocks (the
 embedding's output, the head's float32 copies). That is what a ``full`` step keeps, the floor; what
-the limit leaves above it the knapsack shares among the blocks. Where the step is compiled (on
+the limit leaves above it the knapsack shares among the blocks. With one micro-batch per step the
+blocks' gradients are made as the backward frees what the blocks kept, so the step holds the larger
+of the two (with accumulation, the later micro-batches run over every gradient). Where the step is compiled (on
 CUDA), the compiled partitioner decides what a checkpointed block keeps and when it recomputes, and
 the eager profile overprices both (H200, 5B dims, 56,320 tokens: a floor ~4 GiB high, kept bytes
 ~1.8x): the floor's transient and each candidate plan's bytes are then measured on a compiled copy
@@ -135,14 +137,16 @@ def forked_rng(device: torch.device):
 
 
 def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], counts: dict[str, int],
-               parts: dict[str, int], kept: int) -> dict:
+               parts: dict[str, int], kept: int, absorbed: int = 0) -> dict:
     """What a plan cache entry and MLflow hold of one planned shape: the profiles, the plans, the
     floor (what a ``full`` step holds: ``parts`` summed) and what the plans keep above it, with
-    ``counts`` blocks of each kind running the shape once each."""
+    ``counts`` blocks of each kind running the shape once each. ``absorbed``: the floor's bytes that
+    kept bytes take the place of (gradients made as kept outputs are freed): the peak grows by what
+    is kept beyond them."""
     floor = sum(parts.values())
     return {"profiles": {k: p.to_json() for k, p in profiles.items()},
             "plans": {k: p.to_json() for k, p in plans.items()},
-            "floor": floor, "floor_parts": parts, "kept": kept, "predicted_peak": floor + kept,
+            "floor": floor, "floor_parts": parts, "kept": kept, "predicted_peak": floor + max(0, kept - absorbed),
             "planned_kept": sum(counts[k] * plans[k].saved_bytes for k in plans),
             "recompute_s": sum(counts[k] * plans[k].recompute_s for k in plans),
             "forward_s": sum(counts[k] * plans[k].forward_s for k in plans),
@@ -200,7 +204,7 @@ class WindowPlanner:
         cfg, p = self.cfg, self.cfg.precision
         return {"dit": dataclasses.asdict(self.model.cfg), "kinds": dict(sorted(self.budget.counts.items())),
                 "window": window, "chunk": cfg.chunk_frames, "grid": list(self.grid), "text_tokens": self.text_tokens,
-                "sp": cfg.sp, "world": self.world, "sharding": cfg.parallel.sharding, "dtype": str(self.dtype),
+                "sp": cfg.sp, "world": self.world, "grad_accum": cfg.grad_accum, "sharding": cfg.parallel.sharding, "dtype": str(self.dtype),
                 "recipe": [p.recipe, list(p.skip), p.keep_last_blocks], "attention": cfg.attention,
                 "compile": cfg.compile, "torch": torch.__version__, "limit": self.limit,
                 "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
@@ -232,7 +236,15 @@ class WindowPlanner:
             parts = {**dataclasses.asdict(self.memory),
                      "block_inputs": sum(counts.values()) * max(p.input_bytes for p in profiles.values()),
                      "outside": n * self.model.cfg.dim * (8 + self.dtype.itemsize)}
-            static = sum(parts.values())
+            absorbed = 0
+            if self.cfg.grad_accum == 1:
+                # one micro-batch: the blocks' gradients are made as the backward frees the blocks' inputs
+                # and kept outputs, so the step holds the larger of the two, not both (with accumulation
+                # the later micro-batches run over every gradient)
+                block_grads = _bytes(p for p in self.model.blocks.parameters() if p.requires_grad)
+                absorbed = max(0, min(block_grads, parts["grads"]) - parts["block_inputs"])
+                parts["grads"] -= min(block_grads, parts["grads"]) - absorbed
+            static = sum(parts.values()) - absorbed  # what the knapsack's room is counted from
             if self.device.type == "cuda" and self.cfg.compile:
                 # every rank runs each trial (a block's collectives) and takes rank 0's numbers: one decision
                 def measure(kind: str, saved: tuple[str, ...]) -> tuple[int, int]:
@@ -245,7 +257,7 @@ class WindowPlanner:
                 plans = plan_blocks(profiles, counts, self.limit - static - transient)
                 kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
         parts["transient"] = transient
-        entry = plan_entry(profiles, plans, counts, parts, kept)
+        entry = plan_entry(profiles, plans, counts, parts, kept, absorbed)
         if self.rank == 0:
             self.cache.put(key, entry)
         return entry
