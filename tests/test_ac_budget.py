@@ -89,20 +89,57 @@ def tiny_block_profile(costs=None, shape: str = "window") -> tuple[BudgetCheckpo
     return budget, kind, profile_block(budget.probes[kind], args, costs=costs), (block, context_fn), args
 
 
-def test_more_memory_never_gives_a_slower_plan():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_more_memory_never_gives_a_slower_plan(compiled):
     profiles = [tiny_block_profile()[2]]
-    rng = random.Random(0)  # and a profile with many items of every size and speed
-    profiles.append(BlockProfile(tuple(OpCost(f"op#{i}", rng.randint(1, 5000), rng.uniform(0, 1e-3), True)
+    rng = random.Random(0)  # and a profile with many items of every size and speed, each made from earlier ones
+    profiles.append(BlockProfile(tuple(OpCost(f"op#{i}", rng.randint(1, 5000), rng.uniform(0, 1e-3), rng.random() < 0.7,
+                                              True, tuple(sorted(rng.sample(range(i), min(i, rng.randint(0, 3))))))
                                        for i in range(60)), 0.1, 1, 1, "cpu"))
     for profile in profiles:
-        total = sum(op.bytes for op in profile.ops if op.candidate)
+        savable = [i for i, op in enumerate(profile.ops) if op.savable and op.bytes > 0]
+        total = sum(profile.ops[i].bytes for i in savable) if compiled else sum(op.bytes for op in profile.ops
+                                                                                 if op.candidate)
         last = None
         for limit in [*range(0, total, max(1, total // 300)), total]:
-            plan = plan_block(profile, limit)
+            plan = plan_blocks({"k": profile}, {"k": 1}, limit, compiled)["k"]
             assert plan.saved_bytes <= limit
             assert last is None or plan.recompute_s <= last.recompute_s, (limit, plan, last)
             last = plan
-        assert last.saved_bytes == total  # with room for all, it keeps every candidate
+        if compiled:  # with room for all, it recomputes only what cannot be kept
+            assert last.recompute_s == pytest.approx(profile.recomputed_s(set(savable)), abs=1e-9)
+        else:
+            assert last.saved_bytes == total  # with room for all, it keeps every candidate
+
+
+def test_a_compiled_plan_prices_what_the_partitioner_recomputes():
+    """Compiled, what the backward reads is recomputed with the unsaved ops it is made from, and an op
+    nothing reads is never recomputed: keeping a cheap output made from an expensive unread one spares
+    both, which the eager price (each op its own time) cannot see."""
+    ops = (OpCost("mm#0", 8, 10e-3, False),  # expensive, its output read by no backward
+           OpCost("gelu#0", 4, 1e-3, True, True, (0,)),  # cheap, made from mm#0
+           OpCost("mm#1", 4, 5e-3, True))
+    profile = BlockProfile(ops, 16e-3, 1, 1, "cpu")
+    assert profile.recomputed_s(set()) == pytest.approx(16e-3) and profile.recomputed_s({1}) == pytest.approx(5e-3)
+    assert profile.recomputed_s({0}) == pytest.approx(6e-3) and profile.recomputed_s({1, 2}) == 0
+    assert plan_block(profile, 4).saved == ("mm#1",)  # eager: 5 ms of its own beats 1 ms
+    compiled = plan_blocks({"k": profile}, {"k": 1}, 4, compiled=True)["k"]
+    assert compiled.saved == ("gelu#0",) and compiled.recompute_s == pytest.approx(5e-3)
+    assert plan_blocks({"k": profile}, {"k": 1}, 8, compiled=True)["k"].saved == ("gelu#0", "mm#1")
+
+
+def test_a_profile_names_the_ops_each_op_is_made_from():
+    """A view reads its base's maker; parameters and the block's inputs are made by no op."""
+    costs = {"aten.addmm.default#0": 1.0, "aten.gelu.default#0": 0.1, "aten.addmm.default#1": 0.5,
+             "aten.gelu.default#1": 0.4, "aten.addmm.default#2": 2.0}
+    profile = profile_block(Toy(), (torch.randn(16, 8, requires_grad=True),), costs=costs)
+    index = {op.id: i for i, op in enumerate(profile.ops)}
+    made_from = {op.id: {profile.ops[j].id for j in op.inputs} for op in profile.ops if op.id in costs}
+    assert made_from == {"aten.addmm.default#0": set(), "aten.gelu.default#0": {"aten.addmm.default#0"},
+                         "aten.addmm.default#1": {"aten.gelu.default#0"}, "aten.gelu.default#1": {"aten.addmm.default#1"},
+                         "aten.addmm.default#2": {"aten.gelu.default#1"}}
+    # the last linear's output is read by no backward: compiled, it is never recomputed
+    assert profile.recomputed_s(set()) == pytest.approx(2.0) and not profile.ops[index["aten.addmm.default#2"]].read
 
 
 def test_two_block_kinds_share_one_limit():

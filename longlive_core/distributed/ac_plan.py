@@ -9,7 +9,15 @@ a plan's recompute time is the forward's time less what it saves. That is the ea
 under compile the partitioner also drops recomputation nothing in the backward needs, so it is an
 upper bound there.
 
-The choice is a 0/1 knapsack, solved twice and the better kept: by dynamic programming over bytes
+Under compile a plan is priced as the partitioner runs it (``compiled``): what the backward reads and
+is not saved is recomputed, with whatever unsaved ops it is made from (each op's ``inputs``, the
+counted ops that made its arguments' storage), and nothing else. Saving an output then spares its
+op and every op recomputed only for it; an op the backward never reads costs nothing either way.
+That plan is the longest prefix, within the limit, of one order built greedily by the time each
+next output spares per byte given those before it (an output may spare nothing alone and much after
+another), so again more memory never gives a slower plan.
+
+The eager choice is a 0/1 knapsack, solved twice and the better kept: by dynamic programming over bytes
 counted in units of a quantum fixed by the profile (the candidates' common divisor, or a multiple of
 it that leaves at most ``GRID`` units; rounded up per item, so a plan never exceeds its limit) and
 by the greedy prefix in order of time per byte (exact bytes). Each answer is the best over every
@@ -25,7 +33,7 @@ from collections.abc import Mapping
 import numpy as np
 
 GRID = 16384  # the knapsack's units over all candidates at most: each ~0.006% of their bytes
-FORMAT = 3  # bumped when a profile or plan means something else: cached ones are then not read
+FORMAT = 4  # bumped when a profile or plan means something else: cached ones are then not read
 
 
 def _ns(seconds: float) -> int:
@@ -39,6 +47,7 @@ class OpCost:
     seconds: float  # its time in the forward: what recomputing it costs
     read: bool  # the backward reads one of its outputs
     savable: bool = True  # it makes storage of its own that no later op writes in place
+    inputs: tuple[int, ...] = ()  # the indices in the profile's ops of those that made its arguments' storage
 
     @property
     def candidate(self) -> bool:
@@ -61,7 +70,22 @@ class BlockProfile:
     @classmethod
     def from_json(cls, d: Mapping) -> BlockProfile:
         fields = {k: v for k, v in d.items() if k != "format"}
-        return cls(**{**fields, "ops": tuple(OpCost(**op) for op in d["ops"])})
+        return cls(**{**fields, "ops": tuple(OpCost(**{**op, "inputs": tuple(op.get("inputs", ()))})
+                                              for op in d["ops"])})
+
+    def recomputed_s(self, saved: set[int]) -> float:
+        """The compiled backward's recomputation with the ops at indices ``saved`` kept: every op whose
+        output the backward reads, or that such an op is recomputed from, unless kept (``inputs``)."""
+        needed = [False] * len(self.ops)
+        total = 0.0
+        for i in range(len(self.ops) - 1, -1, -1):
+            op = self.ops[i]
+            if i in saved or not (op.read or needed[i]):
+                continue
+            total += op.seconds
+            for j in op.inputs:
+                needed[j] = True
+        return total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +114,13 @@ def plan_block(profile: BlockProfile, limit_bytes: int) -> ACPlan:
     return plan_blocks({"block": profile}, {"block": 1}, limit_bytes)["block"]
 
 
-def plan_blocks(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], limit_bytes: int
-                ) -> dict[str, ACPlan]:
+def plan_blocks(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], limit_bytes: int,
+                compiled: bool = False) -> dict[str, ACPlan]:
     """A plan per block kind, the ``counts[kind]`` blocks of each kind together holding at most
-    ``limit_bytes`` (one knapsack over every kind's candidates: a kind with more blocks pays more
-    per saved output and gains more)."""
+    ``limit_bytes`` (one choice over every kind's candidates: a kind with more blocks pays more
+    per saved output and gains more); ``compiled``: priced as the compiled partitioner recomputes."""
+    if compiled:
+        return _compiled_plans(profiles, counts, int(limit_bytes))
     kinds = sorted(profiles)
     items = [(kind, op) for kind in kinds for op in profiles[kind].ops if op.candidate]
     weights = [op.bytes * counts[kind] for kind, op in items]
@@ -111,6 +137,48 @@ def plan_blocks(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int],
     return plans
 
 
+def _compiled_order(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    """Every savable output as (kind, op index), in the order the greedy choice takes them: next the one
+    that spares the most recomputation per byte given those before it, then the one that spares
+    nothing (bytes only) last, fewest bytes first."""
+    left = {(kind, i) for kind in profiles for i, op in enumerate(profiles[kind].ops) if op.savable and op.bytes > 0}
+    saved = {kind: set() for kind in profiles}
+    now = {kind: _ns(profiles[kind].recomputed_s(set())) for kind in profiles}
+    order = []
+    while left:
+        def gain(item):
+            kind, i = item
+            return (now[kind] - _ns(profiles[kind].recomputed_s(saved[kind] | {i}))) * counts[kind]
+
+        gains = {item: gain(item) for item in left}
+        kind, i = max(left, key=lambda it: (gains[it] / (profiles[it[0]].ops[it[1]].bytes * counts[it[0]]),
+                                            -profiles[it[0]].ops[it[1]].bytes, it))
+        if gains[(kind, i)] <= 0:  # nothing left spares any time
+            break
+        order.append((kind, i))
+        left.discard((kind, i))
+        saved[kind].add(i)
+        now[kind] = _ns(profiles[kind].recomputed_s(saved[kind]))
+    return order
+
+
+def _compiled_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], limit: int
+                    ) -> dict[str, ACPlan]:
+    chosen, used = {kind: [] for kind in profiles}, 0
+    for kind, i in _compiled_order(profiles, counts):
+        nbytes = profiles[kind].ops[i].bytes * counts[kind]
+        if used + nbytes > limit:
+            break
+        chosen[kind].append(i)
+        used += nbytes
+    plans = {}
+    for kind, p in sorted(profiles.items()):
+        idx = sorted(chosen[kind])
+        plans[kind] = ACPlan(tuple(p.ops[i].id for i in idx), sum(p.ops[i].bytes for i in idx),
+                             _ns(p.recomputed_s(set(idx))) / 1e9, _ns(p.forward_s) / 1e9, int(limit))
+    return plans
+
+
 @dataclasses.dataclass(frozen=True)
 class MeasuredPlan:
     """Plans per kind with what the compiled step was measured to hold for them."""
@@ -123,7 +191,7 @@ class MeasuredPlan:
 
 
 def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], static: int, limit: int,
-                   measure, rounds: int = 3) -> MeasuredPlan:
+                   measure, rounds: int = 3, compiled: bool = True) -> MeasuredPlan:
     """The plans under ``limit`` as the compiled step holds them: ``measure(kind, saved)`` gives what a
     compiled block of ``kind`` keeps and its backward adds at once with the outputs ``saved`` names kept
     (``ac_profile.compiled_block_memory``); ``static`` is everything else the step holds (the floor less
@@ -137,12 +205,12 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     def spared(m: MeasuredPlan) -> float:
         return sum(counts[k] * (p.forward_s - p.recompute_s) for k, p in m.plans.items())
 
-    best = measured(plan_blocks(profiles, counts, 0))  # nothing saved: full's floor
+    best = measured(plan_blocks(profiles, counts, 0, compiled))  # nothing saved: full's floor
     room = limit - best.peak(static)
     for _ in range(rounds):
         if room <= 0:
             break
-        trial = measured(plan_blocks(profiles, counts, room))
+        trial = measured(plan_blocks(profiles, counts, room, compiled))
         if trial.peak(static) <= limit and spared(trial) > spared(best):
             best = trial
         planned = sum(counts[k] * p.saved_bytes for k, p in trial.plans.items())

@@ -13,6 +13,8 @@ keeps them all). The backward's reads are the storages ``saved_tensors_hooks`` s
 whose storage a later op writes in place is not savable (selective checkpointing refuses a cached
 tensor that changed). Times: on CUDA each op between two events after a synchronize (the first pass
 is a warm-up: lazy initialisation, autotuning); on the CPU with ``perf_counter`` (for tests only).
+Each op also names the counted ops that made its arguments' storage (a view reads its base's
+maker), from which the compiled plan is priced (``BlockProfile.recomputed_s``).
 Work that does not go through the dispatcher (a Triton kernel launched from Python) is invisible
 here: its time is counted nowhere and its outputs, made by an uncounted ``empty``, are never saved.
 """
@@ -116,6 +118,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         op_id = self.counter(func, args, kwargs)
+        deps = {self.creator.get(StorageWeakRef(t.untyped_storage())) for t in _tensors((args, kwargs))}
         mark = self.clock.start()
         out = func(*args, **kwargs)
         mark = self.clock.stop(mark)
@@ -131,7 +134,8 @@ class _Recorder(TorchDispatchMode):
             self.creator[ref] = len(self.ops)
             own.append(ref)
             nbytes += t.untyped_storage().nbytes()
-        self.ops.append({"id": op_id, "bytes": nbytes, "mark": mark, "own": own, "savable": bool(own)})
+        self.ops.append({"id": op_id, "bytes": nbytes, "mark": mark, "own": own, "savable": bool(own),
+                         "deps": sorted(deps - {None})})
         return out
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -175,12 +179,14 @@ def profile_block(block: torch.nn.Module, args: tuple, kwargs: Mapping | None = 
         t.grad = g
     costs = dict(costs or {})
     ops, forward = [], 0.0
-    for op in recorder.ops:
+    counted: dict[int, int] = {}  # the recorder's op index -> the profile's (uncounted ops are never saved)
+    for k, op in enumerate(recorder.ops):
         seconds = costs.get(op["id"], clock.seconds(op["mark"])) if op["id"] is not None else clock.seconds(op["mark"])
         forward += seconds
         if op["id"] is not None:
+            counted[k] = len(ops)
             ops.append(OpCost(op["id"], op["bytes"], seconds, any(r in recorder.read for r in op["own"]),
-                              op["savable"]))
+                              op["savable"], tuple(counted[d] for d in op["deps"] if d in counted)))
     if not clock.cuda:
         transient = sum(op.bytes for op in ops)
     first = _tensors(args)[0]

@@ -250,7 +250,7 @@ class WindowPlanner:
                 def measure(kind: str, saved: tuple[str, ...]) -> tuple[int, int]:
                     return tuple(agree(compiled_block_memory(self.budget.probes[kind], args, saved)))
 
-                chosen = measured_plans(profiles, counts, static, self.limit, measure)
+                chosen = measured_plans(profiles, counts, static, self.limit, measure, compiled=True)
                 plans, kept, transient = chosen.plans, chosen.kept_bytes, chosen.transient_bytes
             else:
                 transient = max(p.transient_bytes for p in profiles.values())
