@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python bench/train_step.py [--blocks 8] [--frames 8 16 24 32] [--recipes bf16 nvfp4]
                                [--ac none full selective compiler:0.5] [--compile 0 1] [--steps 4]
-                               [--attention rows flex]
+                               [--attention rows flex] [--memory-peak]
 
 The whole step as `train_ar` runs it (``Trainer.train_step``): one sample's forward and backward
 through the [clean; noisy] teacher-forcing sequence (8-frame chunks; self-attention by the mask's
@@ -35,6 +35,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from bench.gpu_setup import one_rank_group, random_dit_on_gpu
+from bench.memory_peak import peak_allocations
 from longlive_core.distributed.config import ParallelConfig
 from longlive_core.models import config as model_configs
 from longlive_core.train import trainer as trainer_module
@@ -118,6 +119,17 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
             row["fwd_bwd_ms"] = round(min(fwd_bwd) * 1000, 1)
             # where the step's peak is: in the forward and backward, or in what follows them
             row["fwd_bwd_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+            if args.memory_peak:  # one more step with every allocation recorded: what its peak holds
+                torch.cuda.memory._record_memory_history(max_entries=4_000_000)
+                trainer.train_step(10**5 + 1)
+                torch.cuda.synchronize()
+                snapshot = torch.cuda.memory._snapshot()
+                torch.cuda.memory._record_memory_history(enabled=None)
+                report = peak_allocations(snapshot, torch.cuda.current_device())
+                name = f"memory-peak-{recipe}-{ac.replace(':', '')}-{int(compiled)}-{frames}.json"
+                (Path(args.out) / name).write_text(json.dumps(report, indent=1))
+                row["recorded_peak_gib"] = round(report["peak_gib"], 2)
+                del snapshot
             if args.profile:
                 name = f"profile-{recipe}-{ac.replace(':', '')}-{int(compiled)}-{attention}-{frames}.txt"
                 profile_step(trainer, Path(args.out) / name)
@@ -149,6 +161,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--attention", nargs="+", default=["rows"], help="train_ar.attention values: rows, flex")
     ap.add_argument("--profile", action="store_true", help="also profile one step of each size")
+    ap.add_argument("--memory-peak", action="store_true",
+                    help="also record one step's allocations: what is live at its peak, by line (bench/memory_peak.py)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     base = model_configs.dit_config("wan2.2-ti2v-5b")

@@ -2,7 +2,8 @@
 folders load through the product's own checks and every row reports what bench/RESULTS.md quotes;
 bench/vae_decode.py compares each variant with float32; bench/generate_sp_projection.py runs a rank of P;
 bench/caption_throughput.py runs the caption stage's generate and reports its row; bench/ac_projection.py
-plans the production step from the committed H200 block profile."""
+plans the production step from the committed H200 block profile; bench/memory_peak.py finds a recorded
+step's peak and what it held."""
 from __future__ import annotations
 
 import json
@@ -83,3 +84,26 @@ def test_the_caption_bench_runs_the_stage_generate_and_reports_its_row(tmp_path)
     assert row["gpu_h"] == pytest.approx(row["shots_gpu_h"] + row["subjects_gpu_h"], abs=0.11)
     assert row["rates_variant"] == "bs4-4f-24tok"
     assert "| 4 | 24 |" in proc.stdout
+
+
+def test_the_memory_peak_replays_the_trace_to_its_peak_and_names_what_it_held():
+    from bench.memory_peak import peak_allocations
+
+    ours = [{"filename": "/x/longlive_core/models/wan_dit.py", "line": 7, "name": "forward"}]
+    theirs = [{"filename": "/torch/nn/functional.py", "line": 1, "name": "linear"}]
+    snapshot = {  # at the end: a (allocated before recording, no stack) and d (ours) are live
+        "segments": [{"device": 0, "blocks": [{"address": 0, "size": 100, "state": "active_allocated", "frames": []},
+                                              {"address": 300, "size": 40, "state": "active_allocated",
+                                               "frames": ours},
+                                              {"address": 400, "size": 999, "state": "inactive"}]}],
+        "device_traces": [[{"action": "alloc", "addr": 100, "size": 50, "frames": ours},
+                           {"action": "alloc", "addr": 200, "size": 70, "frames": theirs},
+                           {"action": "free_requested", "addr": 100, "size": 50, "frames": ours},
+                           {"action": "free_completed", "addr": 100, "size": 50, "frames": ours},
+                           {"action": "alloc", "addr": 300, "size": 40, "frames": ours},
+                           {"action": "free_completed", "addr": 200, "size": 70, "frames": theirs}]]}
+    report = peak_allocations(snapshot)
+    assert report["peak_gib"] * 2**30 == 220  # a, b and c at once
+    held = {row["where"]: row["bytes"] for row in report["at_peak"]}
+    assert held == {"before recording": 100, "outside this project": 70,
+                    "longlive_core/models/wan_dit.py:7 forward": 50}

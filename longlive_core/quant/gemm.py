@@ -27,8 +27,8 @@ def quantize_partial(x: torch.Tensor, tile: tuple[int, int] = (1, BLOCK), rht: b
         if generator is not None:  # an operator cannot take a generator; tests pass one, training does not
             from longlive_core.quant import triton_kernels
             return triton_kernels.quantize_partial(x, tile, rht, stochastic, four_over_six, generator, amax, times)
-        scalar = (lambda v: None if v is None else float32_scalar(v, x.device))
-        return triton_partial(x, list(tile), rht, stochastic, four_over_six, scalar(amax), scalar(times))
+        amax, times = (None if v is None else float32_scalar(v, x.device) for v in (amax, times))
+        return triton_partial(x, list(tile), rht, stochastic, four_over_six, amax, times)
     q = quantize_torch(x.contiguous(), tile, rht, stochastic, four_over_six, generator, amax)
     m, k = q.shape
     part = (q.values().view(m, k // BLOCK, BLOCK) * q.scales.float()[..., None]).view(m, k)

@@ -204,7 +204,8 @@ class WindowPlanner:
         cfg, p = self.cfg, self.cfg.precision
         return {"dit": dataclasses.asdict(self.model.cfg), "kinds": dict(sorted(self.budget.counts.items())),
                 "window": window, "chunk": cfg.chunk_frames, "grid": list(self.grid), "text_tokens": self.text_tokens,
-                "sp": cfg.sp, "world": self.world, "grad_accum": cfg.grad_accum, "sharding": cfg.parallel.sharding, "dtype": str(self.dtype),
+                "sp": cfg.sp, "world": self.world, "grad_accum": cfg.grad_accum, "sharding": cfg.parallel.sharding,
+                "dtype": str(self.dtype),
                 "recipe": [p.recipe, list(p.skip), p.keep_last_blocks], "attention": cfg.attention,
                 "compile": cfg.compile, "torch": torch.__version__, "limit": self.limit,
                 "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",

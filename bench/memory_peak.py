@@ -1,0 +1,62 @@
+"""What is allocated at a step's peak, by the line of this project's code that allocated it: the
+budget planner's predicted peak against the measured one, explained (``bench/train_step.py
+--memory-peak``).
+
+``torch.cuda.memory._record_memory_history`` keeps every allocation and free with its stack;
+``torch.cuda.memory._snapshot()`` returns them (``device_traces``) with what is allocated now
+(``segments``). ``peak_allocations`` replays the trace: back from the end to what was live when
+recording began, then forward to the moment the most was allocated, and sums what was live then by
+the innermost frame under ``longlive_core/`` or ``bench/`` (allocations made before recording
+carry no stack: "before recording"). Nothing is written but JSON: no pickle to load elsewhere.
+"""
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping
+
+OURS = ("longlive_core/", "bench/")
+
+
+def _where(frames) -> str:
+    for frame in frames or ():
+        name = frame.get("filename", "")
+        for root in OURS:
+            if root in name:
+                return f"{name[name.index(root):]}:{frame.get('line')} {frame.get('name', '')}"
+    return "before recording" if not frames else "outside this project"
+
+
+def peak_allocations(snapshot: Mapping, device: int = 0, top: int = 25) -> dict:
+    """The peak of allocated bytes over the recorded trace of ``device`` and what was live then, the
+    largest groups first."""
+    live: dict[int, tuple[int, str]] = {}  # address -> (bytes, where)
+    for segment in snapshot.get("segments", ()):
+        if segment.get("device", device) != device:
+            continue
+        for block in segment.get("blocks", ()):
+            if block.get("state") == "active_allocated":
+                live[block["address"]] = (block["size"], _where(block.get("frames")))
+    trace = [e for e in snapshot.get("device_traces", [[]] * (device + 1))[device]
+             if e.get("action") in ("alloc", "free_completed")]
+    for event in reversed(trace):  # back to the state when recording began
+        if event["action"] == "alloc":
+            live.pop(event["addr"], None)
+        else:
+            live[event["addr"]] = (event["size"], _where(event.get("frames")))
+    total = sum(size for size, _ in live.values())
+    peak, at_peak = total, dict(live)
+    for event in trace:
+        if event["action"] == "alloc":
+            live[event["addr"]] = (event["size"], _where(event.get("frames")))
+            total += event["size"]
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        else:
+            size, _ = live.pop(event["addr"], (0, ""))
+            total -= size
+    groups: collections.Counter = collections.Counter()
+    for size, where in at_peak.values():
+        groups[where] += size
+    return {"peak_gib": peak / 2**30,
+            "at_peak": [{"where": where, "gib": round(size / 2**30, 3), "bytes": size}
+                        for where, size in groups.most_common(top)]}
