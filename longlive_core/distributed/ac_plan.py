@@ -138,9 +138,9 @@ def plan_blocks(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int],
 
 
 def _compiled_order(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int]) -> list[tuple[str, int]]:
-    """Every savable output as (kind, op index), in the order the greedy choice takes them: next the one
-    that spares the most recomputation per byte given those before it, then the one that spares
-    nothing (bytes only) last, fewest bytes first."""
+    """The savable outputs that spare recomputation, as (kind, op index), in the order the greedy choice
+    takes them: next the one that spares the most per byte given those before it (on a tie the fewer
+    bytes); an output that spares nothing once those before it are kept is left out."""
     left = {(kind, i) for kind in profiles for i, op in enumerate(profiles[kind].ops) if op.savable and op.bytes > 0}
     saved = {kind: set() for kind in profiles}
     now = {kind: _ns(profiles[kind].recomputed_s(set())) for kind in profiles}
@@ -191,13 +191,14 @@ class MeasuredPlan:
 
 
 def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], static: int, limit: int,
-                   measure, rounds: int = 3, compiled: bool = True) -> MeasuredPlan:
+                   measure, rounds: int = 3) -> MeasuredPlan:
     """The plans under ``limit`` as the compiled step holds them: ``measure(kind, saved)`` gives what a
     compiled block of ``kind`` keeps and its backward adds at once with the outputs ``saved`` names kept
     (``ac_profile.compiled_block_memory``); ``static`` is everything else the step holds (the floor less
-    its transient). The knapsack prices bytes by the eager profile; each round scales the room it gets
-    by what the last plan measured against what it planned, and the plan kept is the one that saves
-    the most forward time among those measured within the limit (nothing saved when none is)."""
+    its transient). Plans are priced as the compiled step recomputes and their bytes by the eager
+    profile; each round scales the room they get by what the last plan measured against what it
+    planned, and the plan kept is the one that spares the most recomputation among those measured
+    within the limit (nothing saved when none is)."""
     def measured(plans: dict[str, ACPlan]) -> MeasuredPlan:
         real = {kind: measure(kind, plans[kind].saved) for kind in plans}
         return MeasuredPlan(plans, sum(counts[k] * real[k][0] for k in real), max(t for _, t in real.values()))
@@ -205,12 +206,12 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     def spared(m: MeasuredPlan) -> float:
         return sum(counts[k] * (p.forward_s - p.recompute_s) for k, p in m.plans.items())
 
-    best = measured(plan_blocks(profiles, counts, 0, compiled))  # nothing saved: full's floor
+    best = measured(plan_blocks(profiles, counts, 0, compiled=True))  # nothing saved: full's floor
     room = limit - best.peak(static)
     for _ in range(rounds):
         if room <= 0:
             break
-        trial = measured(plan_blocks(profiles, counts, room, compiled))
+        trial = measured(plan_blocks(profiles, counts, room, compiled=True))
         if trial.peak(static) <= limit and spared(trial) > spared(best):
             best = trial
         planned = sum(counts[k] * p.saved_bytes for k, p in trial.plans.items())

@@ -241,17 +241,19 @@ class WindowPlanner:
             if self.cfg.grad_accum == 1:
                 # one micro-batch: the blocks' gradients are made as the backward frees the blocks' inputs
                 # and kept outputs, so the step holds the larger of the two, not both (with accumulation
-                # the later micro-batches run over every gradient)
+                # the later micro-batches run over every gradient); what outgrows the inputs is absorbed
+                # by kept outputs
                 block_grads = _bytes(p for p in self.model.blocks.parameters() if p.requires_grad)
-                absorbed = max(0, min(block_grads, parts["grads"]) - parts["block_inputs"])
-                parts["grads"] -= min(block_grads, parts["grads"]) - absorbed
+                replaced = min(block_grads, parts["block_inputs"])
+                parts["grads"] -= replaced
+                absorbed = block_grads - replaced
             static = sum(parts.values()) - absorbed  # what the knapsack's room is counted from
             if self.device.type == "cuda" and self.cfg.compile:
                 # every rank runs each trial (a block's collectives) and takes rank 0's numbers: one decision
                 def measure(kind: str, saved: tuple[str, ...]) -> tuple[int, int]:
                     return tuple(agree(compiled_block_memory(self.budget.probes[kind], args, saved)))
 
-                chosen = measured_plans(profiles, counts, static, self.limit, measure, compiled=True)
+                chosen = measured_plans(profiles, counts, static, self.limit, measure)
                 plans, kept, transient = chosen.plans, chosen.kept_bytes, chosen.transient_bytes
             else:
                 transient = max(p.transient_bytes for p in profiles.values())
