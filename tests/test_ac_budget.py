@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import math
 import random
 from pathlib import Path
 
@@ -292,6 +293,23 @@ def test_a_budget_run_trains_as_a_run_without_checkpointing_and_reports_its_plan
         assert budget[f"ac_floor_gib_{window}f"] < budget[f"ac_predicted_peak_gib_{window}f"]
         assert budget[f"ac_saved_matched_{window}f"] == 1.0  # eager: the policy met every id the plan saves
     assert budget["lineage"][0]["ac_memory_limit_gib"] == 1.0
+
+
+def test_a_probed_step_of_a_compiled_run_runs_eager_and_keeps_nothing(tmp_path, two_lengths, gloo_world,
+                                                                      monkeypatch):
+    """NVFP4's SQNR probes are written from inside the blocks' backward, which no compiled graph holds:
+    a probed step runs eager (nothing is compiled) and its budget blocks keep nothing, as full's do."""
+    trainer = budget_trainer(two_lengths, tmp_path, tmp_path / "plans", compile=True,
+                             precision={"recipe": "nvfp4", "sqnr_every": 2})
+    assert any(p.saved for plans in trainer.budget.plans.values() for p in plans.values())
+    kept: list = []
+    contexts = trainer.budget.contexts
+    monkeypatch.setattr(trainer.budget, "contexts", lambda kind: kept.append(trainer.budget._saved) or contexts(kind))
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    metrics = trainer.train_step(0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
+    assert kept and all(saved == {} for saved in kept)
+    assert any(k.startswith("sqnr") for k in metrics) and math.isfinite(metrics["loss"])
 
 
 def test_one_micro_batch_counts_the_blocks_gradients_where_they_replace_what_the_blocks_kept(tmp_path, two_lengths,

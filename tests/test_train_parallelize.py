@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from longlive_core.config import ConfigError
 from longlive_core.distributed.ac_budget import BudgetCheckpointing
+from longlive_core.distributed.ac_plan import plan_block
+from longlive_core.distributed.ac_profile import profile_block
 from longlive_core.distributed.launch import RDZV_ENV, torchrun_command
 from longlive_core.distributed.parallelize import (
     apply_activation_checkpointing,
@@ -53,17 +55,28 @@ def test_activation_checkpointing_changes_no_number(mode):
 
 
 def test_the_compiler_policy_sets_the_partitioners_budget_and_needs_compiled_blocks(monkeypatch):
-    """``compiler``: no checkpoint wrappers, the compiled blocks' partitioner keeps ac_budget of the
-    activations (the knob is read when a block first runs; its numbers are the H200 bench's); every
-    other policy leaves the knob at PyTorch's default; without compile it is refused, in params
-    first."""
+    """``compiler``: the compiled blocks' partitioner keeps ac_budget of the activations (the knob is
+    read when a block first runs; its numbers are the H200 bench's); run eager (a probed step), each
+    block is recomputed as ``full`` recomputes it; every other policy leaves the knob at PyTorch's
+    default; without compile it is refused, in params first."""
     import torch._functorch.config as functorch_config
 
     from longlive_core.distributed.parallelize import ParallelizePlan, apply_compile, parallelize_dit
 
+    args = block_inputs(WanDiT(DIT_CONFIGS["tiny"]), TeacherForcingLayout(4, 2, 4, 6), (2, 2), torch.float32,
+                        torch.device("cpu"))
+
+    def kept(mode: str) -> int:  # the tensors a block's eager forward keeps for its backward
+        model = WanDiT(DIT_CONFIGS["tiny"])
+        apply_activation_checkpointing(model, mode)
+        saved: list = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            model.blocks[0](*args)
+        return len(saved)
+
+    assert kept("compiler") == kept("full") < kept("none")
     model = WanDiT(DIT_CONFIGS["tiny"])
     apply_activation_checkpointing(model, "compiler")
-    assert not any("_checkpoint_wrapped_module" in n for n, _ in model.named_parameters())
     try:
         reset = []
         monkeypatch.setattr(torch._dynamo, "reset", lambda: reset.append(1))
@@ -159,7 +172,7 @@ def test_the_budget_policy_wraps_every_block_with_its_kinds_plan():
 
 
 @pytest.mark.parametrize("recipe, mode", [("bf16", "full"), ("bf16", "selective"), ("bf16", "budget"),
-                                          ("nvfp4", "full")])
+                                          ("nvfp4", "full"), ("nvfp4", "budget")])
 def test_a_checkpointed_block_compiles_as_one_graph(recipe, mode, device="cpu"):
     """A graph break inside a checkpointed block sends the whole block to eager under compile (the
     per-frame cross-attention through FlexAttention once did, for every checkpointing mode): each
@@ -174,6 +187,11 @@ def test_a_checkpointed_block_compiles_as_one_graph(recipe, mode, device="cpu"):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     model.to(device, dtype)
     args = block_inputs(model, TeacherForcingLayout(4, 2, 4, 6), (2, 2), dtype, torch.device(device))
+    if mode == "budget":  # a plan that keeps every output the policy may keep (the quantize operators' too)
+        (kind, probe), = budget.probes.items()
+        profile = profile_block(probe.to(device, dtype), args)
+        budget.plans[4] = {kind: plan_block(profile, sum(op.bytes for op in profile.ops if op.candidate))}
+        assert budget.use(4) and budget.plans[4][kind].saved
     explained = torch._dynamo.explain(model.blocks[0])(*args)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     targets = {str(node.target) for graph in explained.graphs for module in graph.modules() if hasattr(module, "graph")
@@ -184,6 +202,7 @@ def test_a_checkpointed_block_compiles_as_one_graph(recipe, mode, device="cpu"):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
 @pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])
-def test_a_checkpointed_block_compiles_as_one_graph_on_the_gpu(recipe):
+@pytest.mark.parametrize("mode", ["full", "budget"])
+def test_a_checkpointed_block_compiles_as_one_graph_on_the_gpu(recipe, mode):
     """The same on CUDA, where the NVFP4 path launches Triton quantize kernels and calls cuBLASLt."""
-    test_a_checkpointed_block_compiles_as_one_graph(recipe, "full", "cuda")
+    test_a_checkpointed_block_compiles_as_one_graph(recipe, mode, "cuda")

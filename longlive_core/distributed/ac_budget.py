@@ -88,8 +88,9 @@ class BudgetCheckpointing:
             return None
         return sum(op in self.matched[kind] for kind, op in saved) / len(saved)
 
-    def use(self, window: int) -> bool:
-        """Blocks keep what ``window``'s plans say from now on; False (and nothing kept) without one."""
+    def use(self, window: int | None) -> bool:
+        """Blocks keep what ``window``'s plans say from now on; False (and nothing kept) without one
+        (None: none)."""
         plans = self.plans.get(window)
         self._saved = {kind: frozenset(p.saved) for kind, p in plans.items()} if plans else {}
         return plans is not None

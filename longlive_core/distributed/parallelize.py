@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from longlive_core.config import ConfigError
 from longlive_core.distributed.config import ParallelConfig
@@ -138,15 +138,26 @@ def _selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
+def _checkpoint_when_eager(block: nn.Module, *args, **kwargs):
+    """``compiler``'s wrapper: traced, the block runs as it is and the partitioner decides what to
+    recompute; run eager (a step that probes NVFP4 SQNRs: ``Trainer.train_step``), it recomputes as
+    ``full`` does, not keeping every activation."""
+    if torch.compiler.is_compiling():
+        return block(*args, **kwargs)
+    return checkpoint(block, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
+
+
 def apply_activation_checkpointing(model: WanDiT, mode: str, budget: BlockCheckpointing | None = None) -> None:
     """none | full (each block's activations recomputed in backward) | selective (op-level: keeps
     matmul and attention outputs, every second matmul's excepted, and recomputes the rest) |
-    compiler (no wrappers: the compiled blocks' partitioner recomputes under ``apply_compile``'s budget) |
+    compiler (the compiled blocks' partitioner recomputes under ``apply_compile``'s budget; eager, as full) |
     budget (op-level, what ``budget``'s plan for the block says)."""
-    if mode in ("none", "compiler"):
+    if mode == "none":
         return
     for i, block in enumerate(model.blocks):
-        if mode == "full":
+        if mode == "compiler":
+            model.blocks[i] = checkpoint_wrapper(block, checkpoint_fn=_checkpoint_when_eager)
+        elif mode == "full":
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
         elif mode == "budget":
             model.blocks[i] = checkpoint_wrapper(block, context_fn=budget.contexts_for(block),

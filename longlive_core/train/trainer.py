@@ -244,16 +244,19 @@ class Trainer:
         self._ahead[next_key] = self._prefetch.submit(self._draw, next_key)
         return batch
 
-    def accumulate(self, step: int) -> tuple[torch.Tensor, float, float]:
+    def accumulate(self, step: int, recompute_all: bool = False) -> tuple[torch.Tensor, float, float]:
         """Forward and backward of this rank's ``grad_accum`` micro-batches of ``step``; returns this
         rank's share of (loss sum, as a device scalar: no host sync per micro-batch; FLOPs; tokens):
-        summed over every rank they give the global batch's."""
+        summed over every rank they give the global batch's. ``recompute_all``: budget's blocks keep
+        nothing (as ``full``), whatever their window's plan."""
         cfg, sp = self.cfg, self.cfg.sp
         loss_sum, flops, tokens = torch.zeros((), device=self.device), 0.0, 0.0
         for micro in range(cfg.grad_accum):
             following = self._train_key(step, micro + 1) if micro + 1 < cfg.grad_accum else self._train_key(step + 1, 0)
             batch = self._batch(self._train_key(step, micro), following)
-            if self.planner is not None:
+            if recompute_all and self.budget is not None:
+                self.budget.use(None)
+            elif self.planner is not None:
                 self.planner.use(batch.sample.window_frames)
             loss, layout = sample_loss(self.model, batch, self.flow, cfg.chunk_frames, self.device, self.dtype,
                                        self.shard, self.recycler, step, cfg.seed)
@@ -271,8 +274,13 @@ class Trainer:
         if cfg.precision.forward_bf16_from_step is not None:
             set_forward_high_precision(self.model, step >= cfg.precision.forward_bf16_from_step)
         probe = cfg.precision.recipe != "bf16" and cfg.precision.sqnr_every and step % cfg.precision.sqnr_every == 0
-        with record_sqnr(self.model) if probe else contextlib.nullcontext() as sqnr:
-            loss_sum, flops, tokens = self.accumulate(step)
+        # the probes are written from inside the blocks' backward, which no compiled graph holds: Dynamo
+        # would send each block to eager with its compiled plan's kept set, over the limit (measured on
+        # the H200: 55.5 GiB under a 47 GiB plan). A probed step runs eager, recomputing as full does.
+        eager = bool(probe) and cfg.compile
+        with (record_sqnr(self.model) if probe else contextlib.nullcontext() as sqnr,
+              torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext()):
+            loss_sum, flops, tokens = self.accumulate(step, recompute_all=eager)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                        o.grad_clip if o.grad_clip else math.inf)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
