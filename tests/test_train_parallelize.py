@@ -172,7 +172,7 @@ def test_the_budget_policy_wraps_every_block_with_its_kinds_plan():
 
 
 @pytest.mark.parametrize("recipe, mode", [("bf16", "full"), ("bf16", "selective"), ("bf16", "budget"),
-                                          ("nvfp4", "full"), ("nvfp4", "budget")])
+                                          ("nvfp4", "full"), ("nvfp4", "budget"), ("bf16", "compiler")])
 def test_a_checkpointed_block_compiles_as_one_graph(recipe, mode, device="cpu"):
     """A graph break inside a checkpointed block sends the whole block to eager under compile (the
     per-frame cross-attention through FlexAttention once did, for every checkpointing mode): each
@@ -196,7 +196,7 @@ def test_a_checkpointed_block_compiles_as_one_graph(recipe, mode, device="cpu"):
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
     targets = {str(node.target) for graph in explained.graphs for module in graph.modules() if hasattr(module, "graph")
                for node in module.graph.nodes}
-    assert "tag_activation_checkpoint" in targets
+    assert ("tag_activation_checkpoint" in targets) == (mode != "compiler")  # compiler: the partitioner decides
     assert ("longlive.scaled_product.default" in targets) == (recipe == "nvfp4")
 
 
