@@ -7,7 +7,8 @@ budget planner's predicted peak against the measured one, explained (``bench/tra
 (``segments``). ``peak_allocations`` replays the trace: back from the end to what was live when
 recording began, then forward to the moment the most was allocated, and sums what was live then by
 the innermost frame under ``longlive_core/`` or ``bench/`` (allocations made before recording
-carry no stack: "before recording"). Nothing is written but JSON: no pickle to load elsewhere.
+carry no stack: "before recording"), and the stack of the allocation that made the peak. Nothing
+is written but JSON: no pickle to load elsewhere.
 """
 from __future__ import annotations
 
@@ -44,13 +45,13 @@ def peak_allocations(snapshot: Mapping, device: int = 0, top: int = 25) -> dict:
         else:
             live[event["addr"]] = (event["size"], _where(event.get("frames")))
     total = sum(size for size, _ in live.values())
-    peak, at_peak = total, dict(live)
+    peak, at_peak, made_by = total, dict(live), None
     for event in trace:
         if event["action"] == "alloc":
             live[event["addr"]] = (event["size"], _where(event.get("frames")))
             total += event["size"]
             if total > peak:
-                peak, at_peak = total, dict(live)
+                peak, at_peak, made_by = total, dict(live), event
         else:
             size, _ = live.pop(event["addr"], (0, ""))
             total -= size
@@ -59,4 +60,15 @@ def peak_allocations(snapshot: Mapping, device: int = 0, top: int = 25) -> dict:
         groups[where] += size
     return {"peak_gib": peak / 2**30,
             "at_peak": [{"where": where, "gib": round(size / 2**30, 3), "bytes": size}
-                        for where, size in groups.most_common(top)]}
+                        for where, size in groups.most_common(top)],
+            # where the step was when it peaked (the forward, a block's recomputation, the optimizer)
+            "peak_made_by": [_short(frame) for frame in (made_by or {}).get("frames", ())[:16]]}
+
+
+def _short(frame: Mapping) -> str:
+    name = frame.get("filename", "")
+    for root in (*OURS, "torch/"):
+        if root in name:
+            name = name[name.index(root):]
+            break
+    return f"{name}:{frame.get('line')} {frame.get('name', '')}"

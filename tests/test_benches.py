@@ -107,3 +107,4 @@ def test_the_memory_peak_replays_the_trace_to_its_peak_and_names_what_it_held():
     held = {row["where"]: row["bytes"] for row in report["at_peak"]}
     assert held == {"before recording": 100, "outside this project": 70,
                     "longlive_core/models/wan_dit.py:7 forward": 50}
+    assert report["peak_made_by"] == ["torch/nn/functional.py:1 linear"]  # b's allocation made the peak

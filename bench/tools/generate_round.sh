@@ -9,7 +9,7 @@
 #   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption
 #   bash bench/tools/generate_round.sh fp8_layers            # ~2 min: cuDNN FP8 attention's error layer by layer
 #   bash bench/tools/generate_round.sh dmd                   # ~5 min: distill_dmd's budget plans against full
-#   bash bench/tools/generate_round.sh memory                # ~3 min: what the budget step's peak holds (BF16, NVFP4)
+#   bash bench/tools/generate_round.sh memory                # ~5 min: what the step's peak holds (BF16 and NVFP4 budget, NVFP4 full)
 # $OUT returns at most 8 files: tar what a call writes (ac-plans/ holds one file per plan)
 set -u
 out=${OUT:-device_out}
@@ -42,9 +42,10 @@ for part in "$@"; do case $part in
                --steps 2 --ac budget:47 compiler:0.2 full --out "$out" ;;
     train16) run train16 python3 bench/train_step.py --blocks 16 --frames 32 --recipes bf16 --compile 1 --steps 2 \
                --ac budget:120 compiler:0.3 full --out "$out" ;;
-    memory) for recipe in bf16 nvfp4; do  # what the planned step's peak holds, line by line, against the plan
-                run "memory_$recipe" python3 bench/train_step.py --blocks 8 --frames 32 --recipes $recipe --compile 1 \
-                    --steps 1 --ac budget:47 --memory-peak --out "$out"; done ;;
+    memory) for config in bf16/budget:47 nvfp4/budget:47 nvfp4/full; do  # what each step's peak holds, line by line
+                recipe=${config%%/*} ac=${config#*/}
+                run "memory_${recipe}_${ac/:/}" python3 bench/train_step.py --blocks 8 --frames 32 --recipes $recipe \
+                    --compile 1 --steps 1 --ac $ac --memory-peak --out "$out"; done ;;
     gpu_tests) run gpu_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_ac_budget.py \
                tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_cudnn_fp8.py \
                tests/test_quant_triton.py tests/test_train_parallelize.py -k "gpu or compiled or cuda" ;;
