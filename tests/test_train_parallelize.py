@@ -57,8 +57,8 @@ def test_activation_checkpointing_changes_no_number(mode):
 def test_the_compiler_policy_sets_the_partitioners_budget_and_needs_compiled_blocks(monkeypatch):
     """``compiler``: the compiled blocks' partitioner keeps ac_budget of the activations (the knob is
     read when a block first runs; its numbers are the H200 bench's); run eager (a probed step), each
-    block is recomputed as ``full`` recomputes it; every other policy leaves the knob at PyTorch's
-    default; without compile it is refused, in params first."""
+    block is recomputed as ``full`` recomputes it, and so is a compiled ``none`` block; every other
+    policy leaves the knob at PyTorch's default; without compile it is refused, in params first."""
     import torch._functorch.config as functorch_config
 
     from longlive_core.distributed.parallelize import ParallelizePlan, apply_compile, parallelize_dit
@@ -66,15 +66,15 @@ def test_the_compiler_policy_sets_the_partitioners_budget_and_needs_compiled_blo
     args = block_inputs(WanDiT(DIT_CONFIGS["tiny"]), TeacherForcingLayout(4, 2, 4, 6), (2, 2), torch.float32,
                         torch.device("cpu"))
 
-    def kept(mode: str) -> int:  # the tensors a block's eager forward keeps for its backward
+    def kept(mode: str, compiled: bool = False) -> int:  # the tensors a block's eager forward keeps for its backward
         model = WanDiT(DIT_CONFIGS["tiny"])
-        apply_activation_checkpointing(model, mode)
+        apply_activation_checkpointing(model, mode, compiled=compiled)
         saved: list = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
             model.blocks[0](*args)
         return len(saved)
 
-    assert kept("compiler") == kept("full") < kept("none")
+    assert kept("compiler") == kept("none", compiled=True) == kept("full") < kept("none")
     model = WanDiT(DIT_CONFIGS["tiny"])
     apply_activation_checkpointing(model, "compiler")
     try:

@@ -99,7 +99,7 @@ def parallelize_dit(model: WanDiT, dims: ParallelDims, plan: ParallelizePlan, de
     if plan.attention is not None:
         apply_attention(model, plan.attention, device)
     apply_sequence_parallel(model, dims.shard)
-    apply_activation_checkpointing(model, plan.activation_checkpointing, plan.budget)
+    apply_activation_checkpointing(model, plan.activation_checkpointing, plan.budget, plan.compile)
     if plan.compile:
         if plan.activation_checkpointing == "budget":
             # a block's compiled code is reused across models with the same block code and shapes, and
@@ -139,23 +139,27 @@ def _selective_context():
 
 
 def _checkpoint_when_eager(block: nn.Module, *args, **kwargs):
-    """``compiler``'s wrapper: traced, the block runs as it is and the partitioner decides what to
-    recompute; run eager (a step that probes NVFP4 SQNRs: ``Trainer.train_step``), it recomputes as
-    ``full`` does, not keeping every activation."""
+    """The wrapper of compiled blocks without checkpointing of their own: traced, the block runs as it
+    is and the partitioner decides what to recompute; run eager (a step that probes NVFP4 SQNRs:
+    ``Trainer.train_step``), it recomputes as ``full`` does, not keeping every activation."""
     if torch.compiler.is_compiling():
         return block(*args, **kwargs)
     return checkpoint(block, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
 
 
-def apply_activation_checkpointing(model: WanDiT, mode: str, budget: BlockCheckpointing | None = None) -> None:
+def apply_activation_checkpointing(model: WanDiT, mode: str, budget: BlockCheckpointing | None = None,
+                                   compiled: bool = False) -> None:
     """none | full (each block's activations recomputed in backward) | selective (op-level: keeps
     matmul and attention outputs, every second matmul's excepted, and recomputes the rest) |
-    compiler (the compiled blocks' partitioner recomputes under ``apply_compile``'s budget; eager, as full) |
-    budget (op-level, what ``budget``'s plan for the block says)."""
-    if mode == "none":
+    compiler (the compiled blocks' partitioner recomputes under ``apply_compile``'s budget) |
+    budget (op-level, what ``budget``'s plan for the block says). ``compiler``'s blocks, and
+    ``none``'s where they are ``compiled``, recompute as ``full`` does when a step runs them eager
+    (one that probes NVFP4 SQNRs): eager, a block keeps more than compiled (124 against 101 GiB
+    without checkpointing, bench/RESULTS.md)."""
+    if mode == "none" and not compiled:
         return
     for i, block in enumerate(model.blocks):
-        if mode == "compiler":
+        if mode in ("none", "compiler"):
             model.blocks[i] = checkpoint_wrapper(block, checkpoint_fn=_checkpoint_when_eager)
         elif mode == "full":
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
