@@ -10,7 +10,9 @@ pure noise) runs twice:
 
 - on the BF16 path, every self-attention call also run through ``attention_cudnn_fp8.attention_fp8``
   on the same queries, keys and values: per layer the relative L2 error of FP8 against BF16 (every
-  head) and of each against float32 attention (two heads);
+  head) and of each against float32 attention (two heads), and what the per-tensor scales leave the
+  typical value (Q's, smoothed K's and V's amax over their root mean square; the output's amax
+  against V's, the bound O's scale is set by);
 - with FP8 attention in every layer: the relative error of the chunk's predicted velocity against
   the BF16 path's, what the errors add up to over the 30 layers of one step.
 
@@ -36,6 +38,11 @@ LATENT_H, LATENT_W, TEXT_TOKENS = 44, 80, 512
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def peak_over_rms(x: torch.Tensor) -> float:
+    x = x.float()
+    return float(x.abs().amax() / x.square().mean().sqrt())
 
 
 def main() -> None:
@@ -70,9 +77,14 @@ def main() -> None:
         out = bf16_attend(q, k, v, mask, backend=backend)
         fp8 = attention_cudnn_fp8.attention_fp8(q, k, v)
         ref = F.scaled_dot_product_attention(q[:, :2].float(), k[:, :2].float(), v[:, :2].float())
+        smoothed = k - k.mean(dim=2, keepdim=True)
         layers.append({"layer": len(layers), "fp8_vs_bf16": relative(fp8, out),
                        "fp8_vs_fp32": relative(fp8[:, :2], ref), "bf16_vs_fp32": relative(out[:, :2], ref),
-                       "keys": k.shape[2]})
+                       "keys": k.shape[2],
+                       # how much of E4M3's range each per-tensor scale leaves the typical value: the amax
+                       # over the root mean square, and |O| against the amax(V) bound its scale is set by
+                       "q_peak": peak_over_rms(q), "k_peak": peak_over_rms(smoothed), "v_peak": peak_over_rms(v),
+                       "o_of_v_amax": float(out.float().abs().amax() / v.float().abs().amax())})
         return out
 
     def fp8_everywhere(q, k, v, mask, backend):
@@ -89,10 +101,11 @@ def main() -> None:
     step = relative(v_fp8, v_bf16)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: a {args.chunk}-frame chunk over "
           f"{past} cached frames, {len(layers)} layers, random weights", flush=True)
-    print("| layer | FP8 vs BF16 | FP8 vs float32 | BF16 vs float32 |")
-    print("|---:|---:|---:|---:|")
+    print("| layer | FP8 vs BF16 | FP8 vs float32 | BF16 vs float32 | amax/rms Q, K, V | max O / max V |")
+    print("|---:|---:|---:|---:|---:|---:|")
     for row in layers:
-        print(f"| {row['layer']} | {row['fp8_vs_bf16']:.4f} | {row['fp8_vs_fp32']:.4f} | {row['bf16_vs_fp32']:.4f} |")
+        print(f"| {row['layer']} | {row['fp8_vs_bf16']:.4f} | {row['fp8_vs_fp32']:.4f} | {row['bf16_vs_fp32']:.4f} "
+              f"| {row['q_peak']:.1f}, {row['k_peak']:.1f}, {row['v_peak']:.1f} | {row['o_of_v_amax']:.4f} |")
     worst = max(layers, key=lambda r: r["fp8_vs_bf16"])
     mean = sum(r["fp8_vs_bf16"] for r in layers) / len(layers)
     print(f"mean FP8 vs BF16 {mean:.4f}, worst {worst['fp8_vs_bf16']:.4f} (layer {worst['layer']}); the step's "
