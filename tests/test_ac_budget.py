@@ -24,7 +24,7 @@ from longlive_core.distill.ac_planning import chunk_inputs
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, block_kind, check_peak, require_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, measured_plans, plan_block, plan_blocks
-from longlive_core.distributed.ac_profile import compiled_block_memory, profile_block
+from longlive_core.distributed.ac_profile import compiled_block_trial, profile_block
 from longlive_core.distributed.parallelize import apply_activation_checkpointing, clean_name
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
@@ -94,9 +94,11 @@ def tiny_block_profile(costs=None, shape: str = "window") -> tuple[BudgetCheckpo
 def test_more_memory_never_gives_a_slower_plan(compiled):
     profiles = [tiny_block_profile()[2]]
     rng = random.Random(0)  # and a profile with many items of every size and speed, each made from earlier ones
-    profiles.append(BlockProfile(tuple(OpCost(f"op#{i}", rng.randint(1, 5000), rng.uniform(0, 1e-3), rng.random() < 0.7,
+    profiles.append(BlockProfile(tuple(OpCost(f"aten.{rng.choice(['mm.default', 'mul.Tensor'])}#{i}",
+                                              rng.randint(1, 5000), rng.uniform(0, 1e-3), rng.random() < 0.7,
                                               True, tuple(sorted(rng.sample(range(i), min(i, rng.randint(0, 3))))))
                                        for i in range(60)), 0.1, 1, 1, "cpu"))
+    shares = {"k": 0.3}  # compiled: the fusible ops (the random profile's mul) at 0.3 of their eager time
     for profile in profiles:
         savable = [i for i, op in enumerate(profile.ops) if op.savable and op.bytes > 0]
         total = sum(profile.ops[i].bytes for i in savable) if compiled else sum(op.bytes for op in profile.ops
@@ -104,12 +106,12 @@ def test_more_memory_never_gives_a_slower_plan(compiled):
         last = None
         steps = 60 if compiled else 300  # a compiled plan builds its whole greedy order each time
         for limit in [*range(0, total, max(1, total // steps)), total]:
-            plan = plan_blocks({"k": profile}, {"k": 1}, limit, compiled)["k"]
+            plan = plan_blocks({"k": profile}, {"k": 1}, limit, compiled, shares)["k"]
             assert plan.saved_bytes <= limit
             assert last is None or plan.recompute_s <= last.recompute_s, (limit, plan, last)
             last = plan
         if compiled:  # with room for all, it recomputes only what cannot be kept
-            assert last.recompute_s == pytest.approx(profile.recomputed_s(set(savable)), abs=1e-9)
+            assert last.recompute_s == pytest.approx(profile.recomputed_s(set(savable), 0.3), abs=1e-9)
         else:
             assert last.saved_bytes == total  # with room for all, it keeps every candidate
 
@@ -128,6 +130,33 @@ def test_a_compiled_plan_prices_what_the_partitioner_recomputes():
     compiled = plan_blocks({"k": profile}, {"k": 1}, 4, compiled=True)["k"]
     assert compiled.saved == ("gelu#0",) and compiled.recompute_s == pytest.approx(5e-3)
     assert plan_blocks({"k": profile}, {"k": 1}, 8, compiled=True)["k"].saved == ("gelu#0", "mm#1")
+
+
+def test_fusible_ops_are_priced_at_the_share_their_compiled_recomputation_was_measured_to_cost():
+    """Compiled, elementwise aten ops run fused into a few memory-bound kernels: their share of eager
+    time comes from a compiled block timed with nothing and with everything kept, and at a small share
+    the plan keeps a matrix product's output where eager times would keep an elementwise chain's."""
+    assert [OpCost(i, 1, 0.0, True).fusible for i in ("aten.gelu.default#0", "aten._to_copy.default#3",
+                                                      "aten.addmm.default#0", "longlive.scaled_product.default#0",
+                                                      "aten._scaled_dot_product_cudnn_attention.default#1",
+                                                      "mm#0")] == [True, True, False, False, False, False]
+    ops = (OpCost("aten.addmm.default#0", 4, 2e-3, True),  # a matrix product: 2 ms for 4 bytes
+           OpCost("aten.mul.Tensor#0", 4, 1.5e-3, False),  # an elementwise chain: 3 ms eager in all
+           OpCost("aten.add.Tensor#0", 4, 1.5e-3, True, True, (1,)))
+    profile = BlockProfile(ops, 5e-3, 1, 1, "cpu")
+    assert profile.recomputed_split(set()) == pytest.approx((2e-3, 3e-3))
+    # recomputing everything cost 2.6 ms compiled: the product's 2 ms and 0.2 of the chain's 3
+    assert profile.fused_share(full_s=10.6e-3, none_s=8e-3) == pytest.approx(0.2)
+    assert profile.fused_share(full_s=9e-3, none_s=8e-3) == 0.0 and profile.fused_share(20e-3, 8e-3) == 1.0
+    assert plan_blocks({"k": profile}, {"k": 1}, 4, compiled=True)["k"].saved == ("aten.add.Tensor#0",)
+    cheap = plan_blocks({"k": profile}, {"k": 1}, 4, compiled=True, fused_shares={"k": 0.2})["k"]
+    assert cheap.saved == ("aten.addmm.default#0",) and cheap.recompute_s == pytest.approx(0.6e-3)
+
+    def measure(kind, saved):  # kept bytes, transient, and the compiled forward and backward's seconds
+        return 4 * len(saved), 0, 8e-3 + (0 if saved else 2.6e-3)
+
+    chosen = measured_plans({"k": profile}, {"k": 1}, 0, 4, measure)
+    assert chosen.fused_shares == {"k": pytest.approx(0.2)} and chosen.plans["k"].saved == ("aten.addmm.default#0",)
 
 
 def test_a_profile_names_the_ops_each_op_is_made_from():
@@ -391,12 +420,13 @@ def test_plans_are_sized_by_what_the_compiled_step_was_measured_to_keep(ratio):
 
     def measure(kind, saved):
         calls.append(saved)
-        return int(ratio * sum(by_id[i].bytes for i in saved)), 500 - 10 * len(saved)  # keeping more, less to redo
+        # keeping more, less to redo; the ops are no aten ops: their time is never scaled
+        return int(ratio * sum(by_id[i].bytes for i in saved)), 500 - 10 * len(saved), 1.0
 
     static, limit, counts = 1000, 1000 + 4 * 3000, {"a": 4}
     chosen = measured_plans({"a": profile}, counts, static, limit, measure)
     eager = plan_blocks({"a": profile}, counts, limit - static - 500)  # priced by the eager bytes alone
-    assert calls[0] == ()  # the floor first: nothing kept
+    assert calls[0] == () and len(calls[1]) == 40  # the floor first (nothing kept), then everything kept
     assert chosen.peak(static) <= limit
     assert chosen.kept_bytes == int(ratio * chosen.plans["a"].saved_bytes) * 4
     if ratio < 1:  # the compiled step keeps less than priced: the room grows and more is saved
@@ -408,7 +438,7 @@ def test_plans_are_sized_by_what_the_compiled_step_was_measured_to_keep(ratio):
 
 def test_with_nothing_within_the_limit_nothing_is_kept():
     profile = BlockProfile((OpCost("op#0", 100, 1e-3, True),), 0.1, 1, 1, "cpu")
-    chosen = measured_plans({"a": profile}, {"a": 2}, 1000, 1200, lambda kind, saved: (400 * len(saved), 300))
+    chosen = measured_plans({"a": profile}, {"a": 2}, 1000, 1200, lambda kind, saved: (400 * len(saved), 300, 1.0))
     assert chosen.plans["a"].saved == () and chosen.peak(1000) == 1300  # over the limit: full's floor, reported
 
 
@@ -419,8 +449,8 @@ def test_a_compiled_block_is_measured_as_the_compiler_keeps_it():
     x = torch.randn(8192, 1024, device="cuda", requires_grad=True)
     eager = profile_block(block, (x,))
     candidates = tuple(op.id for op in eager.ops if op.candidate)
-    nothing, transient_full = compiled_block_memory(block, (x,))
-    everything, transient_all = compiled_block_memory(block, (x,), candidates)
+    nothing, transient_full, seconds_full = compiled_block_trial(block, (x,))
+    everything, transient_all, seconds_all = compiled_block_trial(block, (x,), candidates)
     assert all(p.grad is None for p in block.parameters())  # as profile_block left them
     assert nothing < 2**20 < everything  # full keeps (almost) nothing; keeping every candidate keeps some
-    assert transient_full > 0 and transient_all > 0
+    assert transient_full > 0 and transient_all > 0 and seconds_full > 0 and seconds_all > 0

@@ -15,7 +15,10 @@ counted ops that made its arguments' storage), and nothing else. Saving an outpu
 op and every op recomputed only for it; an op the backward never reads costs nothing either way.
 That plan is the longest prefix, within the limit, of one order built greedily by the time each
 next output spares per byte given those before it (an output may spare nothing alone and much after
-another), so again more memory never gives a slower plan.
+another), so again more memory never gives a slower plan. The compiler fuses the elementwise ops it
+recomputes (``OpCost.fusible``) into a few memory-bound kernels, where eager runs each on its own:
+they are priced at a share of their eager time (``fused_share``, measured from two compiled steps of
+the block), the matrix products and attention at theirs.
 
 The eager choice is a 0/1 knapsack, solved twice and the better kept: by dynamic programming over bytes
 counted in units of a quantum fixed by the profile (the candidates' common divisor, or a multiple of
@@ -40,6 +43,15 @@ def _ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
 
 
+# aten ops the compiler runs as kernels of their own: matrix products, attention, random draws; it
+# fuses every other aten op with its neighbours (operators of other namespaces are opaque to it)
+_UNFUSED = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "convolution", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward", "_efficient_attention_forward",
+    "native_dropout", "bernoulli", "rand", "randn", "rand_like", "randn_like", "randint"})
+
+
 @dataclasses.dataclass(frozen=True)
 class OpCost:
     id: str  # "aten.mm.default#3": the op and how many of it came before in the block's forward (ac_profile.OpCounter)
@@ -52,6 +64,13 @@ class OpCost:
     @property
     def candidate(self) -> bool:
         return self.read and self.savable and self.bytes > 0
+
+    @property
+    def fusible(self) -> bool:
+        """Compiled, it runs fused with its neighbours (an aten op that is no matrix product, attention
+        or random draw)."""
+        namespace, _, rest = self.id.partition(".")
+        return namespace == "aten" and rest.partition(".")[0] not in _UNFUSED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,19 +92,38 @@ class BlockProfile:
         return cls(**{**fields, "ops": tuple(OpCost(**{**op, "inputs": tuple(op.get("inputs", ()))})
                                               for op in d["ops"])})
 
-    def recomputed_s(self, saved: set[int]) -> float:
-        """The compiled backward's recomputation with the ops at indices ``saved`` kept: every op whose
-        output the backward reads, or that such an op is recomputed from, unless kept (``inputs``)."""
+    def recomputed_split(self, saved: set[int]) -> tuple[float, float]:
+        """The compiled backward's recomputation with the ops at indices ``saved`` kept, at eager times,
+        as (unfused ops', fusible ops'): every op whose output the backward reads, or that such an op
+        is recomputed from, unless kept (``inputs``)."""
         needed = [False] * len(self.ops)
-        total = 0.0
+        unfused = fused = 0.0
         for i in range(len(self.ops) - 1, -1, -1):
             op = self.ops[i]
             if i in saved or not (op.read or needed[i]):
                 continue
-            total += op.seconds
+            if op.fusible:
+                fused += op.seconds
+            else:
+                unfused += op.seconds
             for j in op.inputs:
                 needed[j] = True
-        return total
+        return unfused, fused
+
+    def recomputed_s(self, saved: set[int], fused_share: float = 1.0) -> float:
+        """``recomputed_split``'s time, the fusible ops' at ``fused_share`` of their eager time."""
+        unfused, fused = self.recomputed_split(saved)
+        return unfused + fused_share * fused
+
+    def fused_share(self, full_s: float, none_s: float) -> float:
+        """The share of their eager time the fusible ops cost as the compiled backward recomputes them,
+        from one compiled block's forward and backward timed with nothing kept (``full_s``) and with
+        every output kept (``none_s``): what recomputing everything cost beyond the unfused ops' eager
+        time, over the fusible ops' (clamped to [0, 1]; 1 where nothing fusible is recomputed)."""
+        unfused, fused = self.recomputed_split(set())
+        if fused <= 0:
+            return 1.0
+        return min(1.0, max(0.0, (full_s - none_s - unfused) / fused))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,12 +153,14 @@ def plan_block(profile: BlockProfile, limit_bytes: int) -> ACPlan:
 
 
 def plan_blocks(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], limit_bytes: int,
-                compiled: bool = False) -> dict[str, ACPlan]:
+                compiled: bool = False, fused_shares: Mapping[str, float] | None = None) -> dict[str, ACPlan]:
     """A plan per block kind, the ``counts[kind]`` blocks of each kind together holding at most
     ``limit_bytes`` (one choice over every kind's candidates: a kind with more blocks pays more
-    per saved output and gains more); ``compiled``: priced as the compiled partitioner recomputes."""
+    per saved output and gains more); ``compiled``: priced as the compiled partitioner recomputes,
+    each kind's fusible ops at its ``fused_shares`` of their eager time (none given: all of it)."""
     if compiled:
-        return _compiled_plans(profiles, counts, int(limit_bytes))
+        shares = {kind: (fused_shares or {}).get(kind, 1.0) for kind in profiles}
+        return _compiled_plans(profiles, counts, int(limit_bytes), shares)
     kinds = sorted(profiles)
     items = [(kind, op) for kind in kinds for op in profiles[kind].ops if op.candidate]
     weights = [op.bytes * counts[kind] for kind, op in items]
@@ -137,18 +177,19 @@ def plan_blocks(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int],
     return plans
 
 
-def _compiled_order(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int]) -> list[tuple[str, int]]:
+def _compiled_order(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int],
+                    shares: Mapping[str, float]) -> list[tuple[str, int]]:
     """The savable outputs that spare recomputation, as (kind, op index), in the order the greedy choice
     takes them: next the one that spares the most per byte given those before it (on a tie the fewer
     bytes); an output that spares nothing once those before it are kept is left out."""
     left = {(kind, i) for kind in profiles for i, op in enumerate(profiles[kind].ops) if op.savable and op.bytes > 0}
     saved = {kind: set() for kind in profiles}
-    now = {kind: _ns(profiles[kind].recomputed_s(set())) for kind in profiles}
+    now = {kind: _ns(profiles[kind].recomputed_s(set(), shares[kind])) for kind in profiles}
     order = []
     while left:
         def gain(item):
             kind, i = item
-            return (now[kind] - _ns(profiles[kind].recomputed_s(saved[kind] | {i}))) * counts[kind]
+            return (now[kind] - _ns(profiles[kind].recomputed_s(saved[kind] | {i}, shares[kind]))) * counts[kind]
 
         gains = {item: gain(item) for item in left}
         kind, i = max(left, key=lambda it: (gains[it] / (profiles[it[0]].ops[it[1]].bytes * counts[it[0]]),
@@ -158,14 +199,14 @@ def _compiled_order(profiles: Mapping[str, BlockProfile], counts: Mapping[str, i
         order.append((kind, i))
         left.discard((kind, i))
         saved[kind].add(i)
-        now[kind] = _ns(profiles[kind].recomputed_s(saved[kind]))
+        now[kind] = _ns(profiles[kind].recomputed_s(saved[kind], shares[kind]))
     return order
 
 
-def _compiled_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], limit: int
-                    ) -> dict[str, ACPlan]:
+def _compiled_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], limit: int,
+                    shares: Mapping[str, float]) -> dict[str, ACPlan]:
     chosen, used = {kind: [] for kind in profiles}, 0
-    for kind, i in _compiled_order(profiles, counts):
+    for kind, i in _compiled_order(profiles, counts, shares):
         nbytes = profiles[kind].ops[i].bytes * counts[kind]
         if used + nbytes > limit:
             break
@@ -175,7 +216,7 @@ def _compiled_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, i
     for kind, p in sorted(profiles.items()):
         idx = sorted(chosen[kind])
         plans[kind] = ACPlan(tuple(p.ops[i].id for i in idx), sum(p.ops[i].bytes for i in idx),
-                             _ns(p.recomputed_s(set(idx))) / 1e9, _ns(p.forward_s) / 1e9, int(limit))
+                             _ns(p.recomputed_s(set(idx), shares[kind])) / 1e9, _ns(p.forward_s) / 1e9, int(limit))
     return plans
 
 
@@ -185,6 +226,7 @@ class MeasuredPlan:
     plans: dict[str, ACPlan]
     kept_bytes: int  # every block's kept bytes together, measured
     transient_bytes: int  # the most one block's backward adds at once, measured (the largest kind's)
+    fused_shares: dict[str, float] = dataclasses.field(default_factory=dict)  # each kind's, as measured
 
     def peak(self, static: int) -> int:
         return static + self.kept_bytes + self.transient_bytes
@@ -193,25 +235,33 @@ class MeasuredPlan:
 def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], static: int, limit: int,
                    measure, rounds: int = 3) -> MeasuredPlan:
     """The plans under ``limit`` as the compiled step holds them: ``measure(kind, saved)`` gives what a
-    compiled block of ``kind`` keeps and its backward adds at once with the outputs ``saved`` names kept
-    (``ac_profile.compiled_block_memory``); ``static`` is everything else the step holds (the floor less
-    its transient). Plans are priced as the compiled step recomputes and their bytes by the eager
-    profile; each round scales the room they get by what the last plan measured against what it
-    planned, and the plan kept is the one that spares the most recomputation among those measured
-    within the limit (nothing saved when none is)."""
-    def measured(plans: dict[str, ACPlan]) -> MeasuredPlan:
-        real = {kind: measure(kind, plans[kind].saved) for kind in plans}
-        return MeasuredPlan(plans, sum(counts[k] * real[k][0] for k in real), max(t for _, t in real.values()))
+    compiled block of ``kind`` keeps, what its backward adds at once and the seconds its forward and
+    backward take, with the outputs ``saved`` names kept (``ac_profile.compiled_block_trial``);
+    ``static`` is everything else the step holds (the floor less its transient). Each kind's fusible
+    ops are priced at the share of their eager time that its blocks measured with nothing and with
+    every output kept (``BlockProfile.fused_share``), the rest at their eager time; the plans' bytes
+    at the eager profile's. Each round scales the room they get by what the last plan measured against
+    what it planned, and the plan kept is the one that spares the most recomputation among those
+    measured within the limit (nothing saved when none is)."""
+    floor = {kind: measure(kind, ()) for kind in profiles}  # nothing saved: full's floor
+    every = {kind: measure(kind, tuple(op.id for op in p.ops if op.savable and op.bytes > 0))
+             for kind, p in profiles.items()}
+    shares = {kind: profiles[kind].fused_share(floor[kind][2], every[kind][2]) for kind in profiles}
+
+    def measured(plans: dict[str, ACPlan], real: dict | None = None) -> MeasuredPlan:
+        real = real or {kind: measure(kind, plans[kind].saved) for kind in plans}
+        return MeasuredPlan(plans, sum(counts[k] * real[k][0] for k in real), max(r[1] for r in real.values()),
+                            shares)
 
     def spared(m: MeasuredPlan) -> float:
         return sum(counts[k] * (p.forward_s - p.recompute_s) for k, p in m.plans.items())
 
-    best = measured(plan_blocks(profiles, counts, 0, compiled=True))  # nothing saved: full's floor
+    best = measured(plan_blocks(profiles, counts, 0, compiled=True, fused_shares=shares), floor)
     room = limit - best.peak(static)
     for _ in range(rounds):
         if room <= 0:
             break
-        trial = measured(plan_blocks(profiles, counts, room, compiled=True))
+        trial = measured(plan_blocks(profiles, counts, room, compiled=True, fused_shares=shares))
         if trial.peak(static) <= limit and spared(trial) > spared(best):
             best = trial
         planned = sum(counts[k] * p.saved_bytes for k, p in trial.plans.items())

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import collections
 import functools
+import statistics
 import time
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import torch
 import torch.utils.checkpoint as checkpoint_module
@@ -202,14 +204,21 @@ def _trial_contexts(key: int):
     return checkpoint_module.create_selective_checkpoint_contexts(counted_policy(_TRIALS[key]))
 
 
-def compiled_block_memory(block: torch.nn.Module, args: tuple, saved: tuple[str, ...] = ()) -> tuple[int, int]:
+class Trial(NamedTuple):
+    kept: int  # the bytes a compiled block's forward keeps for its backward
+    transient: int  # the most its backward adds at once
+    seconds: float  # its forward and backward (the median of a few)
+
+
+def compiled_block_trial(block: torch.nn.Module, args: tuple, saved: tuple[str, ...] = (), repeats: int = 3
+                         ) -> Trial:
     """On CUDA, ``block(*args)`` checkpointed with the outputs of the ops ``saved`` names kept (none: as
-    ``full``) and compiled as a step compiles it: (the bytes its forward keeps for the backward, the most
-    its backward adds at once). The compiled partitioner decides what a checkpointed block really keeps
-    and when it recomputes: the eager profile's bytes overprice both (on the H200, 5B dims, 56,320
-    tokens: a floor ~4 GiB and a plan's kept bytes ~1.8x over the measured step). Compiles afresh
-    (``torch._dynamo.reset``: the policy is read when the block is traced). The block's gradients and
-    the inputs' are left as they were."""
+    ``full``) and compiled as a step compiles it: what its forward keeps, what its backward adds at
+    once, and how long the two take. The compiled partitioner decides what a checkpointed block really
+    keeps and when it recomputes, and fuses what it recomputes: the eager profile overprices all three
+    (on the H200, 5B dims, 56,320 tokens: a floor ~4 GiB and a plan's kept bytes ~1.8x over the
+    measured step). Compiles afresh (``torch._dynamo.reset``: the policy is read when the block is
+    traced). The block's gradients and the inputs' are left as they were."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     grads = [(t, t.grad) for t in list(block.parameters()) + _tensors(args) if t.requires_grad]
@@ -232,11 +241,19 @@ def compiled_block_memory(block: torch.nn.Module, args: tuple, saved: tuple[str,
         del out
         torch.cuda.synchronize()
         transient = torch.cuda.max_memory_allocated() - base
+        times = []
+        for _ in range(repeats):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            _backward(compiled(*args))
+            end.record()
+            torch.cuda.synchronize()
+            times.append(begin.elapsed_time(end) / 1000.0)
     finally:
         _TRIALS.pop(key)
         for t, g in grads:
             t.grad = g
-    return max(kept, 0), transient
+    return Trial(max(kept, 0), transient, statistics.median(times))
 
 
 def counted_policy(saved: frozenset[str], matched: set[str] | None = None) -> Callable:

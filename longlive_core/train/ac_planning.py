@@ -16,8 +16,10 @@ blocks' gradients are made as the backward frees what the blocks kept, so the st
 of the two (with accumulation, the later micro-batches run over every gradient). Where the step is compiled (on
 CUDA), the compiled partitioner decides what a checkpointed block keeps and when it recomputes, and
 the eager profile overprices both (H200, 5B dims, 56,320 tokens: a floor ~4 GiB high, kept bytes
-~1.8x): the floor's transient and each candidate plan's bytes are then measured on a compiled copy
-of the block (``ac_plan.measured_plans``, a few compilations when training starts). After every step
+~1.8x), and fuses the elementwise ops it recomputes: the floor's transient and each candidate
+plan's bytes are then measured on a compiled copy of the block, and the fused ops' share of their
+eager time from its time with nothing and with everything kept (``ac_plan.measured_plans``, a few
+compilations when training starts). After every step
 the measured peak (on CUDA, the world's largest) is checked against the limit.
 
 Profiles run on every rank at once (sequence parallelism's all-to-all is inside a block) and rank
@@ -40,7 +42,7 @@ from torch.distributed.tensor import DTensor
 
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, check_peak, memory_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, measured_plans, plan_blocks
-from longlive_core.distributed.ac_profile import compiled_block_memory, profile_block
+from longlive_core.distributed.ac_profile import compiled_block_trial, profile_block
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.checkpointing import agree
@@ -137,14 +139,16 @@ def forked_rng(device: torch.device):
 
 
 def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], counts: dict[str, int],
-               parts: dict[str, int], kept: int, absorbed: int = 0) -> dict:
+               parts: dict[str, int], kept: int, absorbed: int = 0, fused_shares: dict[str, float] | None = None
+               ) -> dict:
     """What a plan cache entry and MLflow hold of one planned shape: the profiles, the plans, the
     floor (what a ``full`` step holds: ``parts`` summed) and what the plans keep above it, with
     ``counts`` blocks of each kind running the shape once each. ``absorbed``: the floor's bytes that
     kept bytes take the place of (gradients made as kept outputs are freed): the peak grows by what
-    is kept beyond them."""
+    is kept beyond them. ``fused_shares``: what compiled recomputation of fusible ops was measured to
+    cost, per kind, as a share of their eager time."""
     floor = sum(parts.values())
-    return {"profiles": {k: p.to_json() for k, p in profiles.items()},
+    return {"profiles": {k: p.to_json() for k, p in profiles.items()}, "fused_shares": fused_shares or {},
             "plans": {k: p.to_json() for k, p in plans.items()},
             "floor": floor, "floor_parts": parts, "kept": kept, "predicted_peak": floor + max(0, kept - absorbed),
             "planned_kept": sum(counts[k] * plans[k].saved_bytes for k in plans),
@@ -177,6 +181,8 @@ def entry_metrics(entry: dict, suffix: str, matched: float | None) -> dict[str, 
         out[f"ac_planned_kept_gib_{suffix}"] = entry["planned_kept"] / 2**30
     if matched is not None:  # below 1: the policy never met some saved ids (renamed ops under compile)
         out[f"ac_saved_matched_{suffix}"] = matched
+    if entry.get("fused_shares"):  # compiled: the fusible ops' recomputation against their eager time
+        out[f"ac_fused_share_{suffix}"] = max(entry["fused_shares"].values())
     return out
 
 
@@ -250,17 +256,19 @@ class WindowPlanner:
             static = sum(parts.values()) - absorbed  # what the knapsack's room is counted from
             if self.device.type == "cuda" and self.cfg.compile:
                 # every rank runs each trial (a block's collectives) and takes rank 0's numbers: one decision
-                def measure(kind: str, saved: tuple[str, ...]) -> tuple[int, int]:
-                    return tuple(agree(compiled_block_memory(self.budget.probes[kind], args, saved)))
+                def measure(kind: str, saved: tuple[str, ...]) -> tuple[int, int, float]:
+                    return tuple(agree(tuple(compiled_block_trial(self.budget.probes[kind], args, saved))))
 
                 chosen = measured_plans(profiles, counts, static, self.limit, measure)
                 plans, kept, transient = chosen.plans, chosen.kept_bytes, chosen.transient_bytes
+                shares = chosen.fused_shares
             else:
+                shares = None
                 transient = max(p.transient_bytes for p in profiles.values())
                 plans = plan_blocks(profiles, counts, self.limit - static - transient)
                 kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
         parts["transient"] = transient
-        entry = plan_entry(profiles, plans, counts, parts, kept, absorbed)
+        entry = plan_entry(profiles, plans, counts, parts, kept, absorbed, shares)
         if self.rank == 0:
             self.cache.put(key, entry)
         return entry
