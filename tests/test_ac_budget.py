@@ -130,6 +130,9 @@ def test_a_compiled_plan_prices_what_the_partitioner_recomputes():
     compiled = plan_blocks({"k": profile}, {"k": 1}, 4, compiled=True)["k"]
     assert compiled.saved == ("gelu#0",) and compiled.recompute_s == pytest.approx(5e-3)
     assert plan_blocks({"k": profile}, {"k": 1}, 8, compiled=True)["k"].saved == ("gelu#0", "mm#1")
+    # an output too large for the room left is passed over: the next that fits is kept
+    wide = BlockProfile((OpCost("mm#0", 8, 10e-3, True), OpCost("mm#1", 4, 1e-3, True)), 11e-3, 1, 1, "cpu")
+    assert plan_blocks({"k": wide}, {"k": 1}, 6, compiled=True)["k"].saved == ("mm#1",)
 
 
 def test_fusible_ops_are_priced_at_the_share_their_compiled_recomputation_was_measured_to_cost():

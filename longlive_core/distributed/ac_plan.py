@@ -13,9 +13,10 @@ Under compile a plan is priced as the partitioner runs it (``compiled``): what t
 is not saved is recomputed, with whatever unsaved ops it is made from (each op's ``inputs``, the
 counted ops that made its arguments' storage), and nothing else. Saving an output then spares its
 op and every op recomputed only for it; an op the backward never reads costs nothing either way.
-That plan is the longest prefix, within the limit, of one order built greedily by the time each
-next output spares per byte given those before it (an output may spare nothing alone and much after
-another), so again more memory never gives a slower plan. The compiler fuses the elementwise ops it
+The plan follows one order built greedily by the time each next output spares per byte given those
+before it (an output may spare nothing alone and much after another), keeping each that still fits;
+it is the fastest of those filled into a fixed set of rooms up to the limit, so again more memory
+never gives a slower plan. The compiler fuses the elementwise ops it
 recomputes (``OpCost.fusible``) into a few memory-bound kernels, where eager runs each on its own:
 they are priced at a share of their eager time (``fused_share``, measured from two compiled steps of
 the block), the matrix products and attention at theirs.
@@ -30,12 +31,14 @@ never gives a slower plan. Times are counted in whole nanoseconds, so that holds
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 
 import numpy as np
 
 GRID = 16384  # the knapsack's units over all candidates at most: each ~0.006% of their bytes
+FILL_ROOMS = 64  # the equal steps of room a compiled plan is also filled into (besides the order's prefixes)
 FORMAT = 4  # bumped when a profile or plan means something else: cached ones are then not read
 
 
@@ -203,18 +206,40 @@ def _compiled_order(profiles: Mapping[str, BlockProfile], counts: Mapping[str, i
     return order
 
 
+def _first_fit(order: list[tuple[str, int]], sizes: list[int], room: int) -> list[int]:
+    """The positions in ``order`` taken when each output is kept if it still fits in ``room``."""
+    taken, used = [], 0
+    for pos, size in enumerate(sizes):
+        if used + size <= room:
+            taken.append(pos)
+            used += size
+    return taken
+
+
 def _compiled_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], limit: int,
                     shares: Mapping[str, float]) -> dict[str, ACPlan]:
-    chosen, used = {kind: [] for kind in profiles}, 0
-    for kind, i in _compiled_order(profiles, counts, shares):
-        nbytes = profiles[kind].ops[i].bytes * counts[kind]
-        if used + nbytes > limit:
-            break
-        chosen[kind].append(i)
-        used += nbytes
+    """Along the greedy order, each output that still fits is kept (one too large for the room left
+    is passed over, not the end of the plan). That alone could give a slower plan for more memory, so
+    the plan is the fastest of those filled into a fixed set of rooms at most ``limit``: every prefix
+    of the order and ``FILL_ROOMS`` equal steps up to all of it (a larger limit only adds rooms)."""
+    order = _compiled_order(profiles, counts, shares)
+    sizes = [profiles[kind].ops[i].bytes * counts[kind] for kind, i in order]
+    total = sum(sizes)
+    rooms = set(itertools.accumulate(sizes, initial=0)) | {total * j // FILL_ROOMS for j in range(1, FILL_ROOMS + 1)}
+
+    def plan_of(taken: list[int]) -> tuple[int, int, dict[str, set[int]]]:
+        chosen = {kind: set() for kind in profiles}
+        for pos in taken:
+            kind, i = order[pos]
+            chosen[kind].add(i)
+        cost = sum(counts[k] * _ns(profiles[k].recomputed_s(chosen[k], shares[k])) for k in profiles)
+        return cost, sum(sizes[pos] for pos in taken), chosen
+
+    best = min((plan_of(_first_fit(order, sizes, room)) for room in sorted(rooms) if room <= limit),
+               key=lambda c: c[:2])
     plans = {}
     for kind, p in sorted(profiles.items()):
-        idx = sorted(chosen[kind])
+        idx = sorted(best[2][kind])
         plans[kind] = ACPlan(tuple(p.ops[i].id for i in idx), sum(p.ops[i].bytes for i in idx),
                              _ns(p.recomputed_s(set(idx), shares[kind])) / 1e9, _ns(p.forward_s) / 1e9, int(limit))
     return plans
