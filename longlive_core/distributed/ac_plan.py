@@ -16,10 +16,10 @@ op and every op recomputed only for it; an op the backward never reads costs not
 The plan follows one order built greedily by the time each next output spares per byte given those
 before it (an output may spare nothing alone and much after another), keeping each that still fits;
 it is the fastest of those filled into a fixed set of rooms up to the limit, so again more memory
-never gives a slower plan. The compiler fuses the elementwise ops it
-recomputes (``OpCost.fusible``) into a few memory-bound kernels, where eager runs each on its own:
-they are priced at a share of their eager time (``fused_share``, measured from two compiled steps of
-the block), the matrix products and attention at theirs.
+never gives a slower plan. The compiler fuses the elementwise ops it recomputes (``OpCost.fusible``)
+into a few memory-bound kernels, where eager runs each on its own: they are priced at a share of
+their eager time (``fused_share``, measured from two compiled steps of the block), the matrix
+products and attention at theirs.
 
 The eager choice is a 0/1 knapsack, solved twice and the better kept: by dynamic programming over bytes
 counted in units of a quantum fixed by the profile (the candidates' common divisor, or a multiple of
@@ -122,7 +122,8 @@ class BlockProfile:
         """The share of their eager time the fusible ops cost as the compiled backward recomputes them,
         from one compiled block's forward and backward timed with nothing kept (``full_s``) and with
         every output kept (``none_s``): what recomputing everything cost beyond the unfused ops' eager
-        time, over the fusible ops' (clamped to [0, 1]; 1 where nothing fusible is recomputed)."""
+        time, over the fusible ops' (clamped to [0, 1]; 1 where nothing fusible is recomputed). A low
+        estimate: keeping every output also makes the forward write what its fused kernels would not."""
         unfused, fused = self.recomputed_split(set())
         if fused <= 0:
             return 1.0
