@@ -20,10 +20,8 @@ OURS = ("longlive_core/", "bench/")
 
 def _where(frames) -> str:
     for frame in frames or ():
-        name = frame.get("filename", "")
-        for root in OURS:
-            if root in name:
-                return f"{name[name.index(root):]}:{frame.get('line')} {frame.get('name', '')}"
+        if any(root in frame.get("filename", "") for root in OURS):
+            return _short(frame)
     return "before recording" if not frames else "outside this project"
 
 

@@ -39,7 +39,9 @@ import numpy as np
 
 GRID = 16384  # the knapsack's units over all candidates at most: each ~0.006% of their bytes
 FILL_ROOMS = 64  # the equal steps of room a compiled plan is also filled into (besides the order's prefixes)
-FORMAT = 4  # bumped when a profile or plan means something else: cached ones are then not read
+# bumped when a profile or plan means something else (5: compiled plans priced fused): cached ones
+# are then not read
+FORMAT = 5
 
 
 def _ns(seconds: float) -> int:
