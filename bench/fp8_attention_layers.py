@@ -1,7 +1,7 @@
 """cuDNN's FP8 attention against BF16 SDPA, layer by layer, on the inputs each self-attention of the
 5B DiT sees while ``longlive generate`` makes one chunk over a full window of cached frames.
 
-    PYTHONPATH=. python bench/fp8_attention_layers.py [--frames 32] [--chunk 8] [--json F]
+    PYTHONPATH=. python bench/fp8_attention_layers.py [--frames 32] [--chunk 8] [--json F] [--dump F.safetensors]
 
 The DiT has random N(0, 0.02) weights in bf16 (made on the GPU), 704x1280 latents (880 tokens a
 frame), a random 512-token caption. The cache is filled by write passes over ``--frames - --chunk``
@@ -26,6 +26,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 from bench.gpu_setup import random_dit_on_gpu
 from longlive_core.infer import attention_cudnn_fp8, kv_cache
@@ -50,6 +51,9 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=32, help="the window in latent frames, the chunk included")
     ap.add_argument("--chunk", type=int, default=8)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dump", default=None, help="a .safetensors file for head 0 of --dump-layer: its q, k, v, "
+                    "both outputs and the per-tensor amaxes, to replay the FP8 numerics off the GPU")
+    ap.add_argument("--dump-layer", type=int, default=1)
     args = ap.parse_args()
     missing = attention_cudnn_fp8.unavailable_reason("cuda")
     if missing is not None:
@@ -78,6 +82,13 @@ def main() -> None:
         fp8 = attention_cudnn_fp8.attention_fp8(q, k, v)
         ref = F.scaled_dot_product_attention(q[:, :2].float(), k[:, :2].float(), v[:, :2].float())
         smoothed = k - k.mean(dim=2, keepdim=True)
+        if args.dump and len(layers) == args.dump_layer:
+            print(f"dumped layer {len(layers)}: q {tuple(q.shape)} {q.stride()}, k {tuple(k.shape)} {k.stride()}, "
+                  f"v {tuple(v.shape)} {v.stride()}, mask {mask!r}, backend {backend!r}", flush=True)
+            save_file({"q": q[:, :1].contiguous(), "k": k[:, :1].contiguous(), "v": v[:, :1].contiguous(),
+                       "bf16": out[:, :1].contiguous(), "fp8": fp8[:, :1].contiguous(),
+                       "amax": torch.stack([q.float().abs().amax(), smoothed.float().abs().amax(),
+                                            v.float().abs().amax()]).cpu()}, args.dump)
         layers.append({"layer": len(layers), "fp8_vs_bf16": relative(fp8, out),
                        "fp8_vs_fp32": relative(fp8[:, :2], ref), "bf16_vs_fp32": relative(out[:, :2], ref),
                        "keys": k.shape[2],

@@ -3,7 +3,7 @@ folders load through the product's own checks and every row reports what bench/R
 bench/vae_decode.py compares each variant with float32; bench/generate_sp_projection.py runs a rank of P;
 bench/caption_throughput.py runs the caption stage's generate and reports its row; bench/ac_projection.py
 plans the production step from the committed H200 block profile; bench/memory_peak.py finds a recorded
-step's peak and what it held."""
+step's peak and what it held; bench/fp8_accumulation.py models FP8 attention's accumulator on a dump."""
 from __future__ import annotations
 
 import json
@@ -108,3 +108,30 @@ def test_the_memory_peak_replays_the_trace_to_its_peak_and_names_what_it_held():
     assert held == {"before recording": 100, "outside this project": 70,
                     "longlive_core/models/wan_dit.py:7 forward": 50}
     assert report["peak_made_by"] == ["torch/nn/functional.py:1 linear"]  # b's allocation made the peak
+
+
+def test_the_fp8_accumulation_model_reads_a_dump_and_finds_the_offset_that_the_accumulator_loses(tmp_path):
+    """A dump as bench/fp8_attention_layers.py --dump writes it (split over two files, as the device tool
+    brings them back), of a head whose V shares an offset under near-uniform attention, the kernel's output
+    standing in as half of BF16's: the modelled accumulator is far off float64 where V is not smoothed,
+    and smoothing V brings it back."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(0)
+    q = (torch.randn(1, 1, 32, 64, generator=g) * 0.05).to(torch.bfloat16)
+    k = torch.randn(1, 1, 4096, 64, generator=g).to(torch.bfloat16)
+    v = (torch.randn(1, 1, 4096, 64, generator=g) + 2 * torch.randn(1, 1, 1, 64, generator=g)).to(torch.bfloat16)
+    out = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(torch.bfloat16)
+    amax = torch.stack([q.float().abs().amax(), (k.float() - k.float().mean(2, keepdim=True)).abs().amax(),
+                        v.float().abs().amax()])
+    save_file({"q": q, "bf16": out, "fp8": (out.float() / 2).to(torch.bfloat16), "amax": amax}, tmp_path / "a.st")
+    save_file({"k": k, "v": v}, tmp_path / "b.st")
+    result = subprocess.run([sys.executable, str(REPO / "bench/fp8_accumulation.py"), str(tmp_path / "a.st"),
+                             str(tmp_path / "b.st"), "--queries", "8", "--bits", "10"],
+                            check=True, capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO)})
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): float(line.split("|")[3])
+            for line in result.stdout.splitlines() if line.startswith("| ") and not line.startswith("| model")}
+    assert rows[("exact sums", "no")] < 0.05 and rows[("exact sums", "yes")] < 0.05
+    assert rows[("10-bit accumulator, 32 keys a step", "no")] > 0.2  # 4,096 offset rows outgrow 10 bits
+    assert rows[("10-bit accumulator, 32 keys a step", "yes")] < 0.05

@@ -7,7 +7,8 @@
 #   bash bench/tools/generate_round.sh make kernels vae sp
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
 #   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption
-#   bash bench/tools/generate_round.sh fp8_layers            # ~2 min: cuDNN FP8 attention's error layer by layer
+#   bash bench/tools/generate_round.sh fp8_layers            # ~2 min: cuDNN FP8 attention's error layer by layer,
+#                                                           # then layer 1's accumulator modelled on the CPU
 #   bash bench/tools/generate_round.sh dmd                   # ~5 min: distill_dmd's budget plans against full
 #   bash bench/tools/generate_round.sh memory                # ~5 min: what the step's peak holds (BF16 and NVFP4 budget, NVFP4 full)
 # $OUT returns at most 8 files: tar what a call writes (ac-plans/ holds one file per plan)
@@ -33,7 +34,9 @@ for part in "$@"; do case $part in
         run kernel_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py \
             tests/test_infer_attention_cudnn_fp8.py
         run attention python3 bench/attention_kernels.py --json "$out/attention.jsonl" ;;
-    fp8_layers) run fp8_layers python3 bench/fp8_attention_layers.py --json "$out/fp8_layers.jsonl" ;;
+    fp8_layers) run fp8_layers python3 bench/fp8_attention_layers.py --json "$out/fp8_layers.jsonl" \
+                    --dump /tmp/fp8_layer1.safetensors --dump-layer 1
+                run fp8_accumulation python3 bench/fp8_accumulation.py /tmp/fp8_layer1.safetensors ;;
     vae) run vae python3 bench/vae_decode.py ;;
     vae_demo) run vae_demo python3 bench/vae_decode.py --content demo --variants bf16,bf16-compile-cl ;;
     train) run train python3 bench/train_step.py --blocks 8 --frames 32 --recipes bf16 --compile 1 --steps 2 \
