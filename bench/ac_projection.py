@@ -44,7 +44,7 @@ from longlive_core.models.config import dit_config
 from longlive_core.models.vae import SPATIAL_STRIDE
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.params_overlay import overlaid_params
-from longlive_core.train.ac_planning import fsdp_bytes
+from longlive_core.train.ac_planning import OutsideBlocks, fsdp_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 BF16 = 2
@@ -97,8 +97,9 @@ def static_bytes(model: WanDiT, shard: int) -> dict[str, int]:
 
 def project(profile: BlockProfile, blocks: int, tokens: int, dim: int, static: dict[str, int], limit: int,
             none_mfu: float) -> dict:
-    parts = {**static, "block_inputs": blocks * profile.input_bytes, "outside": tokens * dim * (8 + BF16),
-             "transient": profile.transient_bytes}
+    outside = OutsideBlocks(tokens, dim, BF16)
+    parts = {**static, "block_inputs": blocks * profile.input_bytes, "outside": outside.held_bytes,
+             "transient": outside.transient(profile.transient_bytes)}
     floor = sum(parts.values())
     plan = plan_blocks({"block": profile}, {"block": blocks}, limit - floor)["block"]
     r = plan.recompute_fraction

@@ -165,6 +165,7 @@ def main() -> None:
                     help="also record one step's allocations: what is live at its peak, by line (bench/memory_peak.py)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # before the first report is written into it
     base = model_configs.dit_config("wan2.2-ti2v-5b")
     model_configs.DIT_CONFIGS["bench"] = dataclasses.replace(base, num_layers=args.blocks)
     trainer_module.build_model = fast_random_model
@@ -179,7 +180,6 @@ def main() -> None:
                 for ac in args.ac:
                     for attention in args.attention:
                         run_config(args, cache, recipe, ac, bool(compiled), attention, rows)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "train_step.json").write_text(json.dumps(rows, indent=1))
     print("recipe  ac           compile attn frames tokens  step_ms fwd_bwd  tok/s   TFLOP/s  MFU    peak GiB")
     for r in rows:

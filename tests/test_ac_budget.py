@@ -29,7 +29,7 @@ from longlive_core.distributed.parallelize import apply_activation_checkpointing
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train import ac_planning
-from longlive_core.train.ac_planning import block_inputs
+from longlive_core.train.ac_planning import OutsideBlocks, block_inputs
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.layout import TeacherForcingLayout
 from longlive_core.train.trainer import Trainer, TrainInputs
@@ -457,3 +457,22 @@ def test_a_compiled_block_is_measured_as_the_compiler_keeps_it():
     assert all(p.grad is None for p in block.parameters())  # as profile_block left them
     assert nothing < 2**20 < everything  # full keeps (almost) nothing; keeping every candidate keeps some
     assert transient_full > 0 and transient_all > 0 and seconds_full > 0 and seconds_all > 0
+
+
+def test_a_heads_copies_bound_the_transient_but_never_add_to_a_blocks():
+    """The head's float32 copies are freed before any block's backward: the step's transient is the
+    larger of the two, in the eager accounting and in the compiled plans alike."""
+    outside = OutsideBlocks(tokens=100, dim=8, itemsize=2)
+    assert outside.held_bytes == 100 * 8 * 2  # one activation held through the blocks' backward
+    assert outside.transient(10_000) == 10_000 and outside.transient(10) == 100 * 8 * 8
+    # three passes (the generator's exit steps): two heads still wait while the last pass's blocks run
+    assert OutsideBlocks(100, 8, 2, passes=3).held_bytes == 3 * 100 * 8 * 2 + 2 * 100 * 8 * 8
+    profile = BlockProfile((OpCost("op#0", 100, 1e-3, True),), 0.1, 1, 1, "cpu")
+
+    def measure(kind, saved):
+        return 100 * len(saved), 300, 1.0
+
+    assert measured_plans({"a": profile}, {"a": 2}, 1000, 1500, measure).plans["a"].saved == ("op#0",)
+    # a head's copies larger than the block's transient leave no room for the kept outputs
+    bounded = measured_plans({"a": profile}, {"a": 2}, 1000, 1500, measure, least_transient=400)
+    assert bounded.plans["a"].saved == () and bounded.peak(1000) == 1400

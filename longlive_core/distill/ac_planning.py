@@ -33,6 +33,7 @@ from longlive_core.infer.kv_cache import KVCache
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.ac_planning import (
+    OutsideBlocks,
     block_inputs,
     cast_probes,
     entry_metrics,
@@ -130,21 +131,22 @@ class DistillPlanner:
         finally:
             for probe in self.budget.probes.values():
                 probe.to("cpu")
-        transient = max(p.transient_bytes for p in [*critic.values(), *generator.values()])
         static = dataclasses.asdict(self.memory)
-        n_critic = 2 * cfg.latent_frames * tokens_per_frame
-        n_chunk = self.chunk * tokens_per_frame
         g = self.grad_chunks
+        critic_outside = OutsideBlocks(2 * cfg.latent_frames * tokens_per_frame, dim, item)
+        generator_outside = OutsideBlocks(self.chunk * tokens_per_frame, dim, item, passes=g)
         passes = {
             "critic": (critic, self.counts, {
                 **static, "block_inputs": blocks * max(p.input_bytes for p in critic.values()),
-                "outside": n_critic * dim * (8 + item),
-                "transient": max(p.transient_bytes for p in critic.values())}),
+                "outside": critic_outside.held_bytes,
+                "transient": critic_outside.transient(max(p.transient_bytes for p in critic.values()))}),
             "generator": (generator, {k: g * n for k, n in self.counts.items()}, {
                 **static, "block_inputs": g * blocks * max(p.input_bytes for p in generator.values()),
-                "outside": g * n_chunk * dim * (8 + item),
+                # the scores' forwards run on top of the generator's pass, every exit step's head copies
+                # held: those copies all count, and the larger transient of the two passes
+                "outside": generator_outside.held_bytes + generator_outside.head_bytes,
                 "kv_cache": blocks * 2 * (cfg.latent_frames - self.chunk) * tokens_per_frame * dim * item,
-                "transient": transient})}
+                "transient": max(p.transient_bytes for p in [*critic.values(), *generator.values()])})}
         out = {}
         for name, (profiles, counts, parts) in passes.items():
             plans = plan_blocks(profiles, counts, self.limit - sum(parts.values()))

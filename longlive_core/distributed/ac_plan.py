@@ -39,9 +39,9 @@ import numpy as np
 
 GRID = 16384  # the knapsack's units over all candidates at most: each ~0.006% of their bytes
 FILL_ROOMS = 64  # the equal steps of room a compiled plan is also filled into (besides the order's prefixes)
-# bumped when a profile or plan means something else (5: compiled plans priced fused): cached ones
-# are then not read
-FORMAT = 5
+# bumped when a profile or plan means something else (5: compiled plans priced fused; 6: a head's copies
+# no longer beside a block's transient): cached ones are then not read
+FORMAT = 6
 
 
 def _ns(seconds: float) -> int:
@@ -261,11 +261,12 @@ class MeasuredPlan:
 
 
 def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], static: int, limit: int,
-                   measure, rounds: int = 3) -> MeasuredPlan:
+                   measure, rounds: int = 3, least_transient: int = 0) -> MeasuredPlan:
     """The plans under ``limit`` as the compiled step holds them: ``measure(kind, saved)`` gives what a
     compiled block of ``kind`` keeps, what its backward adds at once and the seconds its forward and
     backward take, with the outputs ``saved`` names kept (``ac_profile.compiled_block_trial``);
-    ``static`` is everything else the step holds (the floor less its transient). Each kind's fusible
+    ``static`` is everything else the step holds (the floor less its transient); ``least_transient``: a
+    transient outside the blocks (the head's backward) that the step's transient is at least. Each kind's fusible
     ops are priced at the share of their eager time that its blocks measured with nothing and with
     every output kept (``BlockProfile.fused_share``), the rest at their eager time; the plans' bytes
     at the eager profile's. Each round scales the room they get by what the last plan measured against
@@ -278,8 +279,8 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
 
     def measured(plans: dict[str, ACPlan], real: dict | None = None) -> MeasuredPlan:
         real = real or {kind: measure(kind, plans[kind].saved) for kind in plans}
-        return MeasuredPlan(plans, sum(counts[k] * real[k][0] for k in real), max(r[1] for r in real.values()),
-                            shares)
+        return MeasuredPlan(plans, sum(counts[k] * real[k][0] for k in real),
+                            max(least_transient, *(r[1] for r in real.values())), shares)
 
     def spared(m: MeasuredPlan) -> float:
         return sum(counts[k] * (p.forward_s - p.recompute_s) for k, p in m.plans.items())
