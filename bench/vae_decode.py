@@ -5,6 +5,7 @@ float32 decode of the same latents.
     python bench/vae_decode.py [--chunks 6] [--variants bf16,bf16-cl,bf16-compile,bf16-compile-cl]
     python bench/vae_decode.py --content demo [--variants ...]   # latents of a demo shot, not noise
     python bench/vae_decode.py --tiny --device cpu --chunks 3 --variants bf16,bf16-cl   # the code path, anywhere
+    python bench/vae_decode.py --variants bf16-compile-cl --profile     # where a steady chunk's GPU time goes
 
 Wan2.2's VAE with random weights made on the device, 704x1280, chunks of 8 latent frames (32 video
 frames) of one shot drawn N(0, 1); each variant decodes a warm-up shot (compiling where it compiles),
@@ -74,12 +75,35 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(255.0 ** 2 / mse)).item()
 
 
+def profile_chunk(decoder: ShotDecoder, latents: list[torch.Tensor], device: torch.device, top: int = 12) -> None:
+    """One steady chunk (the shot's second) under torch.profiler: the kernels by device time, and the
+    share of the convolutions' (cuDNN's and Triton's convolution kernels, by name)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decoder.start_shot()
+    decoder.decode(latents[0])
+    sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        decoder.decode(latents[1])
+        sync(device)
+    kernels = [e for e in prof.key_averages() if e.device_time_total > 0 and not e.key.startswith("aten::")] \
+        if device.type == "cuda" else []
+    total = sum(e.device_time_total for e in kernels) or 1
+    conv = sum(e.device_time_total for e in kernels if any(k in e.key.lower() for k in ("conv", "xmma", "cudnn")))
+    print(f"  kernels: {total / 1e3:.0f} ms of device time, convolutions {conv / total:.0%}")
+    for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top]:
+        print(f"  {e.device_time_total / 1e3:8.1f} ms {e.count:5d}x  {e.key[:110]}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=int, default=6)
     ap.add_argument("--variants", default="bf16,bf16-cl,bf16-compile,bf16-compile-cl")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one steady chunk of each variant: its kernels by GPU time, convolutions apart")
     ap.add_argument("--content", choices=("noise", "demo"), default="noise",
                     help="latents drawn N(0, 1), or the demo's synthetic shots rendered at full size and encoded "
                          "by the same random VAE in float32")
@@ -123,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
               + (f" ({tflops / PEAK_BF16_TFLOPS['H200']:.0%} of the H200's dense BF16 peak)" if cuda else "")
               + f"; against fp32: PSNR {psnr(frames, reference):.1f} dB, at most {levels} levels off; "
               f"warm-up {warm:.0f} s", flush=True)
+        if args.profile:
+            profile_chunk(decoder, latents, device)
         del decoder
         if cuda:
             torch.cuda.empty_cache()

@@ -9,7 +9,8 @@
 #   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption
 #   bash bench/tools/generate_round.sh fp8_layers            # ~2 min: cuDNN FP8 attention's error layer by layer,
 #                                                           # then layer 1's accumulator modelled on the CPU
-#   bash bench/tools/generate_round.sh dmd                   # ~5 min: distill_dmd's budget plans against full
+#   bash bench/tools/generate_round.sh dmd                   # ~6 min: distill_dmd's budget plans against full and none
+#   bash bench/tools/generate_round.sh vae_profile           # ~3 min: where the compiled decoder's time goes
 #   bash bench/tools/generate_round.sh memory                # ~5 min: what the step's peak holds (BF16 and NVFP4 budget, NVFP4 full)
 # $OUT returns at most 8 files: tar what a call writes (ac-plans/ holds one file per plan)
 set -u
@@ -39,6 +40,7 @@ for part in "$@"; do case $part in
                 run fp8_accumulation python3 bench/fp8_accumulation.py /tmp/fp8_layer1.safetensors ;;
     vae) run vae python3 bench/vae_decode.py ;;
     vae_demo) run vae_demo python3 bench/vae_decode.py --content demo --variants bf16,bf16-compile-cl ;;
+    vae_profile) run vae_profile python3 bench/vae_decode.py --chunks 4 --variants bf16-compile-cl --profile ;;
     train) run train python3 bench/train_step.py --blocks 8 --frames 32 --recipes bf16 --compile 1 --steps 2 \
                --ac budget:47 compiler:0.2 budget:65 compiler:0.5 full --out "$out" ;;
     train_nvfp4) run train_nvfp4 python3 bench/train_step.py --blocks 8 --frames 32 --recipes nvfp4 --compile 1 \
