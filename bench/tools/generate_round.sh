@@ -11,7 +11,7 @@
 #                                                           # then layer 1's accumulator modelled on the CPU
 #   bash bench/tools/generate_round.sh dmd                   # ~6 min: distill_dmd's budget plans against full and none
 #   bash bench/tools/generate_round.sh vae_profile           # ~3 min: where the compiled decoder's time goes
-#   bash bench/tools/generate_round.sh memory                # ~5 min: what the step's peak holds (BF16 and NVFP4 budget, NVFP4 full)
+#   bash bench/tools/generate_round.sh memory                # ~4 min: what the step's peak holds (NVFP4 full against budget)
 # $OUT returns at most 8 files: tar what a call writes (ac-plans/ holds one file per plan)
 set -u
 out=${OUT:-device_out}
@@ -47,7 +47,7 @@ for part in "$@"; do case $part in
                --steps 2 --ac budget:47 compiler:0.2 full --out "$out" ;;
     train16) run train16 python3 bench/train_step.py --blocks 16 --frames 32 --recipes bf16 --compile 1 --steps 2 \
                --ac budget:120 compiler:0.3 full --out "$out" ;;
-    memory) for config in bf16/budget:47 nvfp4/budget:47 nvfp4/full; do  # what each step's peak holds, line by line
+    memory) for config in nvfp4/full nvfp4/budget:47; do  # what each step's peak holds, line by line (full keeps 22 GiB more)
                 recipe=${config%%/*} ac=${config#*/}
                 run "memory_${recipe}_${ac/:/}" python3 bench/train_step.py --blocks 8 --frames 32 --recipes $recipe \
                     --compile 1 --steps 1 --ac $ac --memory-peak --out "$out"; done ;;
