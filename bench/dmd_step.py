@@ -179,7 +179,7 @@ def main() -> None:
     rows = []
     for mode in args.modes:
         proc = subprocess.run([sys.executable, __file__, "--one", mode, "--blocks", str(args.blocks), "--frames",
-                               str(args.frames), "--steps", str(args.steps), "--ac", args.ac],
+                               str(args.frames), "--steps", str(args.steps), "--ac", args.ac, "--out", args.out],
                               capture_output=True, text=True)
         found = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
         row = json.loads(found[0]) if found else {"mode": mode, "error": proc.stderr[-2000:]}
