@@ -17,7 +17,8 @@ captions; activation checkpointing ``--ac`` of every role's blocks (``budget:G``
 budget`` with ``ac_memory_limit_gib: G``, its plans and profiles written to ``--out``/ac-plans, the
 planner's numbers in the row). Each mode runs in its own
 process (peak memory from a clean start); one warm-up iteration (compilation), then the mean of
-``--steps`` timed ones.
+``--steps`` timed ones. ``--memory-peak``: one more iteration with its allocations recorded, and what
+was live at its peak, by line, written to ``--out``.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from bench.gpu_setup import one_rank_group, random_dit_on_gpu
+from bench.memory_peak import peak_allocations
 
 H, W, TEXT_TOKENS = 44, 80, 512
 
@@ -121,6 +123,17 @@ def one_mode(args) -> dict:
             row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
             if trainer.planner is not None:
                 row.update({k: round(v, 3) for k, v in trainer.planner.summary().items()})
+            if args.memory_peak:  # one more iteration with every allocation recorded: what its peak holds
+                torch.cuda.memory._record_memory_history(max_entries=4_000_000)
+                trainer.train_step(args.steps + 1)
+                torch.cuda.synchronize()
+                snapshot = torch.cuda.memory._snapshot()
+                torch.cuda.memory._record_memory_history(enabled=None)
+                report = peak_allocations(snapshot, torch.cuda.current_device())
+                name = f"memory-peak-{args.one}-{args.ac.replace(':', '')}.json"
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                (Path(args.out) / name).write_text(json.dumps(report, indent=1))
+                row["recorded_peak_gib"] = round(report["peak_gib"], 2)
         except torch.OutOfMemoryError as exc:
             import traceback
 
@@ -163,6 +176,8 @@ def main() -> None:
     ap.add_argument("--ac", default="full", help="none | full | selective | budget[:GiB] (the step's peak limit)")
     ap.add_argument("--stage-comparison", action="store_true",
                     help="run distill_dmd's own memory_comparison at these dims instead (nvfp4-lora against bf16-full)")
+    ap.add_argument("--memory-peak", action="store_true",
+                    help="also record one iteration's allocations: what is live at its peak (bench/memory_peak.py)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one mode in this process
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -179,7 +194,8 @@ def main() -> None:
     rows = []
     for mode in args.modes:
         proc = subprocess.run([sys.executable, __file__, "--one", mode, "--blocks", str(args.blocks), "--frames",
-                               str(args.frames), "--steps", str(args.steps), "--ac", args.ac, "--out", args.out],
+                               str(args.frames), "--steps", str(args.steps), "--ac", args.ac, "--out", args.out,
+                               *(["--memory-peak"] if args.memory_peak else [])],
                               capture_output=True, text=True)
         found = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
         row = json.loads(found[0]) if found else {"mode": mode, "error": proc.stderr[-2000:]}

@@ -10,6 +10,7 @@
 #   bash bench/tools/generate_round.sh fp8_layers            # ~2 min: cuDNN FP8 attention's error layer by layer,
 #                                                           # then layer 1's accumulator modelled on the CPU
 #   bash bench/tools/generate_round.sh dmd                   # ~6 min: distill_dmd's budget plans against full and none
+#   bash bench/tools/generate_round.sh dmd_memory            # ~2 min: what distill_dmd's full iteration holds at its peak
 #   bash bench/tools/generate_round.sh vae_profile           # ~3 min: where the compiled decoder's time goes
 #   bash bench/tools/generate_round.sh memory                # ~4 min: what the step's peak holds (NVFP4 full against budget)
 # $OUT returns at most 8 files: tar what a call writes (ac-plans/ holds one file per plan)
@@ -57,6 +58,8 @@ for part in "$@"; do case $part in
     dmd) for ac in none full budget:30 budget:47 budget:65; do  # distill_dmd's planner against full and none, NVFP4 + LoRA
              run "dmd_${ac/:/}" python3 bench/dmd_step.py --blocks 8 --frames 32 --modes nvfp4-lora --steps 2 --ac "$ac" \
                  --out "$out/dmd_${ac/:/}"; done ;;
+    dmd_memory) run dmd_memory python3 bench/dmd_step.py --blocks 8 --frames 32 --modes nvfp4-lora --steps 1 --ac full \
+                    --memory-peak --out "$out/dmd_memory" ;;  # where distill_dmd's full step peaks, line by line
     caption) run caption python3 bench/caption_throughput.py --repeats 3 --json "$out/caption.jsonl" ;;
     sp) run sp python3 bench/generate_sp_projection.py --compile ;;
     *) echo "unknown part $part"; status=1 ;;
