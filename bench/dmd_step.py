@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -38,7 +39,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from bench.gpu_setup import one_rank_group, random_dit_on_gpu
-from bench.memory_peak import peak_allocations
+from bench.memory_peak import record_peak
 
 H, W, TEXT_TOKENS = 44, 80, 512
 
@@ -124,16 +125,9 @@ def one_mode(args) -> dict:
             if trainer.planner is not None:
                 row.update({k: round(v, 3) for k, v in trainer.planner.summary().items()})
             if args.memory_peak:  # one more iteration with every allocation recorded: what its peak holds
-                torch.cuda.memory._record_memory_history(max_entries=4_000_000)
-                trainer.train_step(args.steps + 1)
-                torch.cuda.synchronize()
-                snapshot = torch.cuda.memory._snapshot()
-                torch.cuda.memory._record_memory_history(enabled=None)
-                report = peak_allocations(snapshot, torch.cuda.current_device())
                 name = f"memory-peak-{args.one}-{args.ac.replace(':', '')}.json"
-                Path(args.out).mkdir(parents=True, exist_ok=True)
-                (Path(args.out) / name).write_text(json.dumps(report, indent=1))
-                row["recorded_peak_gib"] = round(report["peak_gib"], 2)
+                peak = record_peak(functools.partial(trainer.train_step, args.steps + 1), Path(args.out) / name)
+                row["recorded_peak_gib"] = round(peak, 2)
         except torch.OutOfMemoryError as exc:
             import traceback
 

@@ -26,7 +26,8 @@ import math
 import torch
 from safetensors.torch import load_file
 
-E4M3_MAX = 448.0
+from longlive_core.infer.attention_cudnn_fp8 import O_HEADROOM, P_SCALE
+from longlive_core.quant.fp8 import E4M3_MAX
 
 
 def e4m3(x: torch.Tensor, amax: float) -> torch.Tensor:
@@ -61,10 +62,10 @@ def modelled(q, k, v, amaxes: tuple[float, float, float], smooth_v: bool, bits: 
     s = q8 @ k8.T / math.sqrt(q.shape[-1])
     p = torch.exp(s - s.amax(-1, keepdim=True))
     row_sum = p.sum(-1, keepdim=True)
-    p8 = (p * E4M3_MAX).float().to(torch.float8_e4m3fn).double()
+    p8 = (p * P_SCALE).float().to(torch.float8_e4m3fn).double()
     pv = p8 @ v8 if bits is None else truncating_matmul(p8, v8, bits, step)
-    out = pv / E4M3_MAX / row_sum
-    o_scale = 0.5 * E4M3_MAX / amax_v  # the module's O_HEADROOM
+    out = pv / P_SCALE / row_sum
+    o_scale = O_HEADROOM * E4M3_MAX / amax_v
     return (out * o_scale).float().to(torch.float8_e4m3fn).double() / o_scale + offset
 
 

@@ -13,7 +13,11 @@ is written but JSON: no pickle to load elsewhere.
 from __future__ import annotations
 
 import collections
+import json
 from collections.abc import Mapping
+from pathlib import Path
+
+import torch
 
 OURS = ("longlive_core/", "bench/")
 
@@ -70,3 +74,19 @@ def _short(frame: Mapping) -> str:
             name = name[name.index(root):]
             break
     return f"{name}:{frame.get('line')} {frame.get('name', '')}"
+
+
+def record_peak(run, path: Path) -> float:
+    """``run()`` (one training step) with every CUDA allocation recorded; what was live at its peak
+    written to ``path`` as JSON (``peak_allocations``). Returns the peak in GiB."""
+    torch.cuda.memory._record_memory_history(max_entries=4_000_000)
+    try:
+        run()
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    report = peak_allocations(snapshot, torch.cuda.current_device())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
+    return report["peak_gib"]

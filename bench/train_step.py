@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -35,7 +36,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from bench.gpu_setup import one_rank_group, random_dit_on_gpu
-from bench.memory_peak import peak_allocations
+from bench.memory_peak import record_peak
 from longlive_core.distributed.config import ParallelConfig
 from longlive_core.models import config as model_configs
 from longlive_core.train import trainer as trainer_module
@@ -120,16 +121,9 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
             # where the step's peak is: in the forward and backward, or in what follows them
             row["fwd_bwd_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
             if args.memory_peak:  # one more step with every allocation recorded: what its peak holds
-                torch.cuda.memory._record_memory_history(max_entries=4_000_000)
-                trainer.train_step(10**5 + 1)
-                torch.cuda.synchronize()
-                snapshot = torch.cuda.memory._snapshot()
-                torch.cuda.memory._record_memory_history(enabled=None)
-                report = peak_allocations(snapshot, torch.cuda.current_device())
                 name = f"memory-peak-{recipe}-{ac.replace(':', '')}-{int(compiled)}-{frames}.json"
-                (Path(args.out) / name).write_text(json.dumps(report, indent=1))
-                row["recorded_peak_gib"] = round(report["peak_gib"], 2)
-                del snapshot
+                peak = record_peak(functools.partial(trainer.train_step, 10**5 + 1), Path(args.out) / name)
+                row["recorded_peak_gib"] = round(peak, 2)
             if args.profile:
                 name = f"profile-{recipe}-{ac.replace(':', '')}-{int(compiled)}-{attention}-{frames}.txt"
                 profile_step(trainer, Path(args.out) / name)
