@@ -138,6 +138,20 @@ def _selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
+def _recompute_everything(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _full_context():
+    """``full`` for compiled blocks, as a policy that names every op. Plain checkpointing tags only the
+    ops Dynamo traced at the block's own level, so torch 2.11's partitioner saw the ops inside an
+    autograd.Function (the NVFP4 linear's quantize and product operators) untagged, could not
+    recompute a custom operator, and kept every linear's output and weight operand: 60.2 GiB where
+    budget's keep-nothing floor held 43 on the H200 (bench/RESULTS.md). A policy tags each op as it
+    is dispatched, nested ones included."""
+    return create_selective_checkpoint_contexts(_recompute_everything)
+
+
 def _checkpoint_when_eager(block: nn.Module, *args, **kwargs):
     """The wrapper of compiled blocks without checkpointing of their own: traced, the block runs as it
     is and the partitioner decides what to recompute; run eager (a step that probes NVFP4 SQNRs:
@@ -161,6 +175,8 @@ def apply_activation_checkpointing(model: WanDiT, mode: str, budget: BlockCheckp
     for i, block in enumerate(model.blocks):
         if mode in ("none", "compiler"):
             model.blocks[i] = checkpoint_wrapper(block, checkpoint_fn=_checkpoint_when_eager)
+        elif mode == "full" and compiled:
+            model.blocks[i] = checkpoint_wrapper(block, context_fn=_full_context, preserve_rng_state=False)
         elif mode == "full":
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
         elif mode == "budget":
