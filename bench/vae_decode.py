@@ -3,6 +3,7 @@ time, the causal feature cache kept across chunks), its variants side by side in
 float32 decode of the same latents.
 
     python bench/vae_decode.py [--chunks 6] [--variants bf16,bf16-cl,bf16-compile,bf16-compile-cl]
+    python bench/vae_decode.py --chunks 4 --variants bf16-compile-cl,bf16-compile-cl-f8,bf16-compile-cl-bm
     python bench/vae_decode.py --content demo [--variants ...]   # latents of a demo shot, not noise
     python bench/vae_decode.py --tiny --device cpu --chunks 3 --variants bf16,bf16-cl   # the code path, anywhere
     python bench/vae_decode.py --variants bf16-compile-cl --profile     # where a steady chunk's GPU time goes
@@ -11,13 +12,17 @@ Wan2.2's VAE with random weights made on the device, 704x1280, chunks of 8 laten
 frames) of one shot drawn N(0, 1); each variant decodes a warm-up shot (compiling where it compiles),
 then the timed shot: the median of its steady chunks (the shot's first makes 29 frames, not 32).
 Per variant: FPS, TFLOP/s against the dense BF16 peak (FlopCounterMode over one steady chunk), and
-against float32's frames the PSNR and the largest difference in 8-bit levels. Variants: ``fp32``,
-``bf16`` (the product's default on a GPU), ``-cl`` channels-last weights and input, ``-compile`` each
-latent frame's decoder call compiled with fixed shapes.
+against float32's frames the PSNR and the largest difference in 8-bit levels, and the timed shot's
+peak memory. Variants: ``fp32``, ``bf16`` (the product's default on a GPU), ``-cl`` channels-last
+weights and input, ``-compile`` each decoder call compiled with fixed shapes, ``-fN`` N latent frames
+per decoder call after a shot's first (``ShotDecoder(frames_per_call=N)``; the product's is 1), ``-bm``
+cuDNN's autotuner on for the convolutions (``torch.backends.cudnn.benchmark``, which the product
+leaves off: a bench-only switch until it is measured).
 """
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -45,7 +50,11 @@ def decoder_for(variant: str, state: dict, name: str, device: torch.device) -> S
     with torch.device(device):
         vae = build_vae(name)
     vae.load_state_dict(state)
-    return ShotDecoder(vae.to(dtype).eval(), dtype, channels_last="-cl" in variant, compile="-compile" in variant)
+    # process-wide, so set for every variant: on for this one's decodes, off for the next unless it asks
+    torch.backends.cudnn.benchmark = "-bm" in variant
+    calls = re.search(r"-f(\d+)", variant)
+    return ShotDecoder(vae.to(dtype).eval(), dtype, channels_last="-cl" in variant, compile="-compile" in variant,
+                       frames_per_call=int(calls.group(1)) if calls else 1)
 
 
 def decode_shot(decoder: ShotDecoder, latents: list[torch.Tensor], device) -> tuple[torch.Tensor, list[float]]:
@@ -138,7 +147,10 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         decode_shot(decoder, latents[:2], device)  # warm-up: compiles every graph a shot needs
         warm = time.perf_counter() - t0
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
         frames, times = decode_shot(decoder, latents, device)
+        peak = f"; peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
         ms = statistics.median(times[1:] or times) * 1000
         tflops = tflop / ms * 1000
         levels = (frames.int() - reference.int()).abs().max().item()
@@ -146,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
               f"chunk -> {tflops:.0f} TFLOP/s"
               + (f" ({tflops / PEAK_BF16_TFLOPS['H200']:.0%} of the H200's dense BF16 peak)" if cuda else "")
               + f"; against fp32: PSNR {psnr(frames, reference):.1f} dB, at most {levels} levels off; "
-              f"warm-up {warm:.0f} s", flush=True)
+              f"warm-up {warm:.0f} s{peak}", flush=True)
         if args.profile:
             profile_chunk(decoder, latents, device)
         del decoder

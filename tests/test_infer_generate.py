@@ -68,6 +68,30 @@ def test_a_shot_decoded_chunk_by_chunk_equals_the_shot_decoded_at_once():
     assert (torch.cat(parts).int() - expected.int()).abs().max() <= 1
 
 
+@pytest.mark.parametrize("frames_per_call", [2, 3])
+def test_several_latent_frames_per_decoder_call_decode_the_frames_of_one_per_call(frames_per_call):
+    """After a shot's first frame (always alone), ``frames_per_call`` frames per call, a call crossing
+    no chunk's end: float32 frames within 1e-5 of one frame per call, 8-bit frames within one level."""
+    vae = vae_from("tiny")
+    z = torch.randn(48, 7, 4, 4, generator=torch.Generator().manual_seed(0))
+    outputs = {}
+    for n in (1, frames_per_call):
+        decoder = ShotDecoder(vae, frames_per_call=n)
+        decoder.start_shot()
+        x = (z * decoder.std + decoder.mean)[None]  # as decode() prepares it, to compare before rounding
+        x = vae.post_quant_conv(x)
+        with torch.no_grad():
+            raw = [decoder.frame(x[:, :, :1], True)] + [decoder.frame(x[:, :, i:i + n], False) for i in range(1, 7, n)]
+        outputs[n] = torch.cat(raw, dim=2)
+        decoder.start_shot()
+        outputs[n, "uint8"] = torch.cat([decoder.decode(z[:, :4]), decoder.decode(z[:, 4:])])
+    assert outputs[1].shape == outputs[frames_per_call].shape
+    assert (outputs[frames_per_call] - outputs[1]).abs().max() <= 1e-5
+    assert (outputs[frames_per_call, "uint8"].int() - outputs[1, "uint8"].int()).abs().max() <= 1
+    with pytest.raises(ValueError, match="frames_per_call must be at least 1"):
+        ShotDecoder(vae, frames_per_call=0)
+
+
 def test_the_folder_says_how_it_is_sampled_unless_params_or_flags_say_otherwise():
     """A distilled folder runs its own step list, window and sinks (not generate's first list); a step
     count it lacks comes from generate.step_lists; an AR folder runs its own schedule with ar_steps;

@@ -12,6 +12,7 @@
 #   bash bench/tools/generate_round.sh dmd                   # ~6 min: distill_dmd's budget plans against full and none
 #   bash bench/tools/generate_round.sh dmd_memory            # ~2 min: what distill_dmd's full iteration holds at its peak
 #   bash bench/tools/generate_round.sh vae_profile           # ~3 min: where the compiled decoder's time goes
+#   bash bench/tools/generate_round.sh vae_calls vae_bm      # ~9 min: frames per decoder call, cuDNN's autotuner
 #   bash bench/tools/generate_round.sh memory                # ~4 min: what the step's peak holds (NVFP4 full against budget)
 # $OUT returns at most 8 files: tar what a call writes (ac-plans/ holds one file per plan)
 set -u
@@ -42,19 +43,23 @@ for part in "$@"; do case $part in
     vae) run vae python3 bench/vae_decode.py ;;
     vae_demo) run vae_demo python3 bench/vae_decode.py --content demo --variants bf16,bf16-compile-cl ;;
     vae_profile) run vae_profile python3 bench/vae_decode.py --chunks 4 --variants bf16-compile-cl --profile ;;
+    vae_calls) run vae_calls python3 bench/vae_decode.py --chunks 4 \
+                   --variants bf16-compile-cl,bf16-compile-cl-f4,bf16-compile-cl-f8 ;;  # latent frames per decoder call
+    vae_bm) run vae_bm python3 bench/vae_decode.py --chunks 4 --variants bf16-compile-cl-bm,bf16-compile-cl-f8-bm ;;
     train) run train python3 bench/train_step.py --blocks 8 --frames 32 --recipes bf16 --compile 1 --steps 2 \
                --ac budget:47 compiler:0.2 budget:65 compiler:0.5 full --out "$out" ;;
     train_nvfp4) run train_nvfp4 python3 bench/train_step.py --blocks 8 --frames 32 --recipes nvfp4 --compile 1 \
                --steps 2 --ac budget:47 compiler:0.2 full --out "$out" ;;
     train16) run train16 python3 bench/train_step.py --blocks 16 --frames 32 --recipes bf16 --compile 1 --steps 2 \
                --ac budget:120 compiler:0.3 full --out "$out" ;;
-    memory) for config in nvfp4/full nvfp4/budget:47; do  # what each step's peak holds, line by line (full keeps 22 GiB more)
+    memory) for config in nvfp4/full nvfp4/budget:47; do  # what each step's peak holds, line by line (full kept 22 GiB
+                                                           # more before 9f3855e)
                 recipe=${config%%/*} ac=${config#*/}
                 run "memory_${recipe}_${ac/:/}" python3 bench/train_step.py --blocks 8 --frames 32 --recipes $recipe \
                     --compile 1 --steps 1 --ac $ac --memory-peak --out "$out"; done ;;
     gpu_tests) run gpu_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_ac_budget.py \
                tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_cudnn_fp8.py \
-               tests/test_quant_triton.py tests/test_train_parallelize.py -k "gpu or compiled or cuda" ;;
+               tests/test_quant_triton.py tests/test_train_parallelize.py -k "gpu or compiled or cuda or under_compile" ;;
     dmd) for ac in none full budget:30 budget:47 budget:65; do  # distill_dmd's planner against full and none, NVFP4 + LoRA
              run "dmd_${ac/:/}" python3 bench/dmd_step.py --blocks 8 --frames 32 --modes nvfp4-lora --steps 2 --ac "$ac" \
                  --out "$out/dmd_${ac/:/}"; done ;;

@@ -22,13 +22,21 @@ import torch
 
 class ShotDecoder:
     """``channels_last``: the convolutions' weights and the decoder's input in channels-last layouts
-    (cuDNN's fastest for 3-D convolutions in bf16); ``compile``: each latent frame's decoder call
-    through torch.compile with its shapes fixed (a shot's first frame, its second and the rest differ
-    in the feature cache they find: three graphs, compiled once). Both leave the frames as they are up
-    to the dtype's rounding (tested); bench/vae_decode.py measures what they gain."""
+    (cuDNN's fastest for 3-D convolutions in bf16); ``compile``: each decoder call through
+    torch.compile with its shapes fixed (a shot's first frame, its second and the rest differ in the
+    feature cache they find: three graphs, compiled once). ``frames_per_call``: latent frames the
+    decoder takes in one call after a shot's first frame, which it always takes alone (the decoder
+    does not double the time axis of a shot's first call, so that call must hold one frame): fewer,
+    larger convolutions and fewer copies of the causal cache, for activations that many times larger.
+    Each leaves the frames as they are up to the dtype's rounding (tested); bench/vae_decode.py
+    measures what they gain."""
 
-    def __init__(self, vae, dtype: torch.dtype = torch.float32, channels_last: bool = False, compile: bool = False):
+    def __init__(self, vae, dtype: torch.dtype = torch.float32, channels_last: bool = False, compile: bool = False,
+                 frames_per_call: int = 1):
+        if frames_per_call < 1:
+            raise ValueError(f"frames_per_call must be at least 1; got {frames_per_call}")
         self.vae, self.dtype, self.channels_last = vae, dtype, channels_last
+        self.frames_per_call = frames_per_call
         device = next(vae.parameters()).device
         self.mean = torch.tensor(vae.config.latents_mean, device=device, dtype=torch.float32)[:, None, None, None]
         self.std = torch.tensor(vae.config.latents_std, device=device, dtype=torch.float32)[:, None, None, None]
@@ -41,7 +49,7 @@ class ShotDecoder:
         self.frame = torch.compile(self._frame, dynamic=False) if compile else self._frame
 
     def _frame(self, x: torch.Tensor, first: bool) -> torch.Tensor:
-        """One latent frame through the decoder, its causal feature cache read and updated."""
+        """Latent frames through the decoder in one call, its causal feature cache read and updated."""
         vae = self.vae
         vae._conv_idx = [0]
         return vae.decoder(x, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=first)
@@ -63,13 +71,15 @@ class ShotDecoder:
         vae = self.vae
         x = (z.to(self.device, torch.float32) * self.std + self.mean)[None].to(self.dtype)
         x = vae.post_quant_conv(x)  # a 1x1x1 convolution: no temporal state
-        parts = []
-        for i in range(x.shape[2]):
-            frame = x[:, :, i:i + 1]
+        parts, i = [], 0
+        while i < x.shape[2]:
+            n = 1 if self.first else self.frames_per_call
+            frames = x[:, :, i:i + n]
             if self.channels_last:
-                frame = frame.contiguous(memory_format=torch.channels_last_3d)
-            parts.append(self.frame(frame, self.first))
+                frames = frames.contiguous(memory_format=torch.channels_last_3d)
+            parts.append(self.frame(frames, self.first))
             self.first = False
+            i += n
         out = torch.cat(parts, dim=2)
         if vae.config.patch_size is not None:
             out = unpatchify(out, patch_size=vae.config.patch_size)
