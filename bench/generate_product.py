@@ -4,7 +4,7 @@ bf16) on full-size model folders of random weights.
 
     python bench/generate_product.py make /tmp/llp [--w4a4]        # ~22 GB of folders, made on the GPU
     python bench/generate_product.py run /tmp/llp --model dit --precision bf16 --rows bf16:4,bf16:2,nvfp4:4
-    python bench/generate_product.py run /tmp/llp --model dit --precision fp8 --rows bf16:4
+    python bench/generate_product.py run /tmp/llp --model dit --precision fp8 --rows bf16:4,fp8:4
     python bench/generate_product.py run /tmp/llp --model w4a4 --rows nvfp4:4,bf16:4
     python bench/generate_product.py make /tmp/t --tiny && python bench/generate_product.py run /tmp/t --tiny ...
 

@@ -208,16 +208,17 @@ def test_the_vae_decodes_in_bfloat16_close_to_float32(model_dir, tmp_path):
     assert frames["bfloat16"].shape == frames["float32"].shape and 0 < diff.mean() < 2.0, diff.mean()
 
 
-def test_nvfp4_cache_nvfp4_and_fp8_weights_run_and_the_cache_is_smaller(model_dir, tmp_path):
+def test_quantized_caches_nvfp4_and_fp8_weights_run_and_the_cache_is_smaller(model_dir, tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text(TWO_SHOTS)
     plain = generate_file(model_dir, prompts, tmp_path / "plain.mp4", config())
     packed = generate_file(model_dir, prompts, tmp_path / "fp4.mp4", config(kv="nvfp4", precision="nvfp4"))
-    fp8 = generate_file(model_dir, prompts, tmp_path / "fp8.mp4", config(precision="fp8"))
-    assert packed["recipe"] == "nvfp4" and fp8["recipe"] == "fp8"
+    fp8 = generate_file(model_dir, prompts, tmp_path / "fp8.mp4", config(kv="fp8", precision="fp8"))
+    assert packed["recipe"] == "nvfp4" and fp8["recipe"] == "fp8" and fp8["kv"] == "fp8"
     assert packed["frames"] == fp8["frames"] == plain["frames"]
-    # float32 activations on the CPU: 4 bytes an element against NVFP4's 0.5 + 1/16
+    # float32 activations on the CPU: 4 bytes an element against NVFP4's 0.5 + 1/16 and FP8's 1 + 4/32
     assert plain["kv_bytes_per_token"] / packed["kv_bytes_per_token"] > 7
+    assert plain["kv_bytes_per_token"] / fp8["kv_bytes_per_token"] == pytest.approx(4 / (1 + 4 / 32))
 
 
 class MallInfo2(ctypes.Structure):

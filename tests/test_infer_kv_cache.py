@@ -12,7 +12,7 @@ CHUNK = 2
 
 def held(cache: KVCache) -> list[int]:
     """The video frames the cache holds, in cache order (each key carries its frame number in binary,
-    which NVFP4 holds exactly)."""
+    which NVFP4 and FP8 hold exactly)."""
     keys = torch.cat([c.dequantize(torch.float32) for c in cache.keys[0]], dim=2)[0, 0]
     return [int((row.round() * 2 ** torch.arange(16)).sum()) for row in keys]
 
@@ -29,7 +29,8 @@ def write(cache: KVCache, first: int) -> int:
     return seen["keys"]
 
 
-@pytest.mark.parametrize("quant", [None, KVQuantConfig(smooth_keys=False)])
+@pytest.mark.parametrize("quant", [None, KVQuantConfig(smooth_keys=False),
+                                   KVQuantConfig(smooth_keys=False, format="fp8")])
 def test_sinks_are_pointers_that_follow_shots_and_ignore_prompt_changes(quant):
     cache = KVCache(1, 1, window=10, quant=quant, sink=SinkConfig(global_frames=2, shot_frames=2))
     for first in range(0, 10, CHUNK):  # shot 0: frames 0..9

@@ -31,7 +31,8 @@ root=/tmp/llp
 for part in "$@"; do case $part in
     make) [[ -f $root/prompts.txt ]] || run make python3 bench/generate_product.py make $root --w4a4 ;;
     bf16) run bf16 python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4,bf16:2,nvfp4:4 --json "$out/product.jsonl" ;;
-    fp8) run fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 --rows bf16:4 --json "$out/product.jsonl" ;;
+    fp8) run fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 --rows bf16:4,fp8:4 \
+             --json "$out/product.jsonl" ;;  # FP8 weights with the BF16 and the FP8 KV cache
     w4a4) run w4a4 python3 bench/generate_product.py run $root --model w4a4 --rows nvfp4:4 --json "$out/product.jsonl" ;;
     kernels)
         run kernel_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py \

@@ -25,7 +25,7 @@ from longlive_core.infer.rollout import RolloutConfig, denoise_chunk, write_chun
 from longlive_core.infer.sequence_parallel import ShardedCache
 from longlive_core.models.wan_dit import WanDiT
 
-KV_FORMATS = ("bf16", "nvfp4")
+KV_FORMATS = ("bf16", "nvfp4", "fp8")
 PRECISIONS = ("auto", "bf16", "nvfp4", "fp8")
 
 
@@ -39,9 +39,9 @@ class GenerateConfig:
     window: int | None = None  # latent frames a chunk attends to, itself and the sinks included; null: the folder's
     global_sink: int | None = None  # S_g: the video's first latent frames, kept all along; null: the folder's
     shot_sink: int | None = None  # S_s: the current shot's first latent frames; null: the folder's
-    kv: str = "bf16"  # bf16 (as computed) | nvfp4
-    kv_smooth_keys: bool = True
-    kv_four_over_six: str | None = None  # null | mse | mae: the 4/6 block scale's choice rule
+    kv: str = "bf16"  # bf16 (as computed) | nvfp4 | fp8
+    kv_smooth_keys: bool = True  # a quantized cache's keys stored minus a per-layer, per-head mean
+    kv_four_over_six: str | None = None  # null | mse | mae: the NVFP4 cache's 4/6 block scale choice rule
     precision: str = "auto"  # auto: the folder's own (bf16: longlive-dit, nvfp4: longlive-w4a4) | bf16 | nvfp4 | fp8
     default_duration_s: float = 5.0  # a prompt line without a duration
     seed: int = 0
@@ -87,7 +87,7 @@ class GenerateConfig:
 
     def cache(self, model: WanDiT, tokens_per_frame: int, sampling: RolloutConfig) -> KVCache:
         """The KV cache of a run sampled as ``sampling`` (``infer/sampling.run_sampling``), in ``kv``'s format."""
-        quant = KVQuantConfig(self.kv_smooth_keys, self.kv_four_over_six) if self.kv == "nvfp4" else None
+        quant = None if self.kv == "bf16" else KVQuantConfig(self.kv_smooth_keys, self.kv_four_over_six, self.kv)
         return KVCache(len(model.blocks), tokens_per_frame, sampling.window, quant,
                        SinkConfig(sampling.global_sink, sampling.shot_sink))
 

@@ -1,7 +1,7 @@
 """``longlive generate``: a video from any model folder the chain makes and a prompt file.
 
     longlive generate --model models/w4a4 --prompts story.txt --out story.mp4 [--seed N] [--steps 4|2]
-                      [--kv nvfp4|bf16] [--precision bf16|nvfp4|fp8] [--decode async|sync] [--sp P]
+                      [--kv nvfp4|fp8|bf16] [--precision bf16|nvfp4|fp8] [--decode async|sync] [--sp P]
                       [--vae-device cuda:1]
 
 The model folder's config.json gives the sampling it was made for (the step list, or an AR model's

@@ -13,11 +13,11 @@ go, except the two sinks (REFERENCE.md §1): the global sink, the first ``global
 and the shot sink, the first ``shot_frames`` of the current shot. The sinks are spans (start, length)
 over the frames the cache holds, not copies: a new shot (``start_shot``) moves the shot sink's start
 to where the shot's first frame will be written, and the previous shot's sink frames age out like
-any other. Keys and values may be held in NVFP4 (``kv_quant.py``), dequantized to the compute dtype
-for each read (on a GPU by one Triton launch that writes the window once: ``kv_attention.window``) and
-attended by SDPA. (Dequantizing inside the attention kernel instead, ``kv_attention.nvfp4_cache_attention``,
-measured 3.9x slower than this on the H200: every query tile decodes the whole window again;
-bench/RESULTS.md.)
+any other. Keys and values may be held in NVFP4 or FP8 (``kv_quant.py``), dequantized to the compute
+dtype for each read (NVFP4 on a GPU by one Triton launch that writes the window once:
+``kv_attention.window``) and attended by SDPA. (Dequantizing inside the attention kernel instead,
+``kv_attention.nvfp4_cache_attention``, measured 3.9x slower than this on the H200: every query tile
+decodes the whole window again; bench/RESULTS.md.)
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import torch
 
 from longlive_core.infer.config import SinkConfig
 from longlive_core.infer.kv_attention import window
-from longlive_core.infer.kv_quant import KVQuantConfig, QuantizedChunk
+from longlive_core.infer.kv_quant import KVQuantConfig
 from longlive_core.models.attention import MaskMod, attend
 
 
@@ -71,13 +71,13 @@ class KVCache:
     def __init__(self, num_layers: int, tokens_per_frame: int, window: int | None = None,
                  quant: KVQuantConfig | None = None, sink: SinkConfig | None = None):
         """``window``: the latent frames a chunk attends to, itself included (None: every frame before it).
-        ``quant``: hold the cached keys and values in NVFP4 (``infer/kv_quant.py``); None: as computed.
+        ``quant``: hold the cached keys and values in its format (``infer/kv_quant.py``); None: as computed.
         ``sink``: the global and shot sinks (None: none)."""
         if window is not None and window < 1:
             raise ValueError(f"the cache window must be at least one latent frame; got {window}")
         self.num_layers, self.tokens_per_frame, self.window = num_layers, tokens_per_frame, window
         self.quant, self.sink = quant, sink or SinkConfig()
-        # per layer, the written chunks in time order (PlainChunk, or QuantizedChunk under ``quant``)
+        # per layer, the written chunks in time order (PlainChunk, or ``quant``'s chunks)
         self.keys: list[list] = [[] for _ in range(num_layers)]
         self.values: list[list] = [[] for _ in range(num_layers)]
         self.key_mean: list[torch.Tensor | None] = [None] * num_layers  # K-smoothing's, from the first chunk
@@ -151,8 +151,7 @@ class KVCache:
             if self.quant.smooth_keys and self.key_mean[index] is None:
                 self.key_mean[index] = k.float().mean(dim=(0, 2), keepdim=True)  # (1, H, 1, D)
             k = smoothed(k, self.key_mean[index])
-            fos = self.quant.four_over_six
-            new_k, new_v = QuantizedChunk.of(k, fos), QuantizedChunk.of(v, fos)
+            new_k, new_v = self.quant.chunk(k), self.quant.chunk(v)
         else:
             new_k, new_v = PlainChunk(k), PlainChunk(v)
         tpf = self.tokens_per_frame
