@@ -272,6 +272,48 @@ def test_the_bytes_kept_for_the_backward_are_the_plans(share, shape):
         assert sum(n for ref, n in packed.items() if ref not in known) == plan.saved_bytes
 
 
+def test_with_frozen_embeddings_a_profile_reads_what_the_models_own_block_saves():
+    """distill_dmd's LoRA freezes the caption and timestep embeddings: a profile's block inputs then
+    need no gradient, as the step's do, and the bytes its backward reads cover what a block of the
+    model's own forward saves for its backward (counted by storage; an op counts whole, as selective
+    checkpointing keeps it: a layer norm whose backward reads its mean and rstd only counts its output
+    too); with the embeddings training (train_ar), the backward reads more: the modulated norms'
+    outputs, which only the modulation's gradients need."""
+    torch.manual_seed(0)
+    model = WanDiT(DIT_CONFIGS["tiny"])
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith("blocks.") and p.dim() == 2)  # the blocks' linears train, as adapters do
+    torch.manual_seed(1)
+    args = block_inputs(model, LAYOUT, (2, 2), torch.float32, torch.device("cpu"))
+    assert args[0].requires_grad and not args[1].requires_grad and not args[2].requires_grad
+    reads = sum(op.bytes for op in profile_block(model.blocks[1], args).ops if op.candidate)
+
+    saved: dict = {}
+    inside: list[set] = []  # while block 1 runs: the storages it was handed (its inputs and parameters)
+    block = model.blocks[1]
+    pre = block.register_forward_pre_hook(lambda m, a: inside.append(_storages(tree_leaves(a)) |
+                                                                       _storages(m.parameters())))
+    post = block.register_forward_hook(lambda m, a, out: inside.clear())
+
+    def pack(t):
+        ref = StorageWeakRef(t.untyped_storage())
+        if inside and ref not in inside[0]:
+            saved.setdefault(ref, t.untyped_storage().nbytes())
+        return t
+
+    g = torch.Generator().manual_seed(2)
+    x, text = torch.randn(1, 48, 8, 4, 4, generator=g), torch.randn(1, 6, 32, generator=g)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, LAYOUT.timesteps(torch.tensor([[800.0, 100.0]])), text,
+              frame_positions=LAYOUT.frame_positions(torch.arange(WINDOW)), mask_mod=LAYOUT.self_mask())
+    pre.remove(), post.remove()
+    assert 0 < sum(saved.values()) <= reads
+    model.requires_grad_(True)
+    training = block_inputs(model, LAYOUT, (2, 2), torch.float32, torch.device("cpu"))
+    assert training[1].requires_grad and training[2].requires_grad
+    assert sum(op.bytes for op in profile_block(model.blocks[1], training).ops if op.candidate) > reads
+
+
 TWO_LENGTHS = {"x": ("train", [4]), "y": ("train", [8]), "z": ("train", [6]), "v": ("val", [4])}
 BASE = {"model": "tiny", "steps": 2, "grad_accum": 2, "chunk_frames": 2, "max_latent_frames": 8,
         "optimizer": {"lr": 1e-3}, "ema": {"decay": 0.9, "start_step": 1}, "val_every": 0, "checkpoint_every": 2,

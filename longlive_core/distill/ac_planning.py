@@ -36,6 +36,7 @@ from longlive_core.train.ac_planning import (
     OutsideBlocks,
     block_inputs,
     cast_probes,
+    embeddings_need_grad,
     entry_metrics,
     forked_rng,
     log_plan,
@@ -54,11 +55,13 @@ def chunk_inputs(model: WanDiT, chunk_frames: int, past_frames: int, tokens_per_
                  grid: tuple[int, int], dtype: torch.dtype, device: torch.device) -> tuple:
     """A block's arguments for one rollout chunk's exit step (as ``WanDiT.forward`` passes them under
     the inference cache): one timestep for the chunk, self-attention over ``past_frames`` cached
-    frames and the chunk's own; random values from the (forked) global RNG."""
+    frames and the chunk's own; random values from the (forked) global RNG; gradients where the step's
+    have them."""
     cfg = model.cfg
+    text_grad, time_grad = embeddings_need_grad(model)
     x = torch.randn(1, chunk_frames * tokens_per_frame, cfg.dim, device=device, dtype=dtype).requires_grad_()
-    context = torch.randn(1, text_tokens, cfg.dim, device=device, dtype=dtype).requires_grad_()
-    t_mod = (torch.randn(1, 1, 6, cfg.dim, device=device) / cfg.dim**0.5).requires_grad_()
+    context = torch.randn(1, text_tokens, cfg.dim, device=device, dtype=dtype).requires_grad_(text_grad)
+    t_mod = (torch.randn(1, 1, 6, cfg.dim, device=device) / cfg.dim**0.5).requires_grad_(time_grad)
     positions = torch.arange(past_frames, past_frames + chunk_frames, device=device)
     rope = rope_cos_sin(cfg.rope_dims, positions, *grid, cfg.rope_theta)
     cache = KVCache(1, tokens_per_frame)

@@ -40,8 +40,9 @@ import numpy as np
 GRID = 16384  # the knapsack's units over all candidates at most: each ~0.006% of their bytes
 FILL_ROOMS = 64  # the equal steps of room a compiled plan is also filled into (besides the order's prefixes)
 # bumped when a profile or plan means something else (5: compiled plans priced fused; 6: a head's copies
-# no longer beside a block's transient): cached ones are then not read
-FORMAT = 6
+# no longer beside a block's transient; 7: profiled with the caption and modulation needing gradients only
+# where the step's do): cached ones are then not read
+FORMAT = 7
 
 
 def _ns(seconds: float) -> int:

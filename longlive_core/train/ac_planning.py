@@ -96,15 +96,25 @@ def fsdp_bytes(model: WanDiT, dtype: torch.dtype) -> int:
     return (2 * block + root) * dtype.itemsize + 4 * block
 
 
+def embeddings_need_grad(model: WanDiT) -> tuple[bool, bool]:
+    """Whether a step's (caption embedding, timestep modulation) need gradients: whether what makes them
+    trains. distill_dmd's LoRA leaves both frozen, and then the blocks' backward neither reads the
+    activations that only their gradients need (two modulated norms' float32 inputs: 1.4 GB a block at
+    56,320 tokens of the 5B) nor makes those gradients."""
+    trains = lambda *modules: any(p.requires_grad for m in modules for p in m.parameters())  # noqa: E731
+    return trains(model.text_embedding), trains(model.time_embedding, model.time_projection)
+
+
 def block_inputs(model: WanDiT, layout: TeacherForcingLayout, grid: tuple[int, int], dtype: torch.dtype,
                  device: torch.device) -> tuple:
     """A block's arguments for one sample of ``layout`` on this rank (as ``WanDiT.forward`` passes them),
-    one caption, random values from the (forked) global RNG."""
+    one caption, random values from the (forked) global RNG; gradients where the step's have them."""
     cfg, f = model.cfg, layout.local_frames
     n = 2 * f * layout.tokens_per_frame
+    text_grad, time_grad = embeddings_need_grad(model)
     x = torch.randn(1, n, cfg.dim, device=device, dtype=dtype).requires_grad_()
-    context = torch.randn(1, layout.text_tokens, cfg.dim, device=device, dtype=dtype).requires_grad_()
-    t_mod = (torch.randn(1, 2 * f, 6, cfg.dim, device=device) / cfg.dim**0.5).requires_grad_()
+    context = torch.randn(1, layout.text_tokens, cfg.dim, device=device, dtype=dtype).requires_grad_(text_grad)
+    t_mod = (torch.randn(1, 2 * f, 6, cfg.dim, device=device) / cfg.dim**0.5).requires_grad_(time_grad)
     rope = rope_cos_sin(cfg.rope_dims, layout.frame_positions(torch.arange(f, device=device)), *grid, cfg.rope_theta)
     return x, context, t_mod, 2 * f, rope, layout.self_mask(), model.attention_fn
 
