@@ -16,6 +16,9 @@ N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the
 - ``nvfp4 window kernel`` the same window written by one Triton launch (``kv_attention.dequantized_window``:
   the same bits), then SDPA;
 - ``nvfp4 fused`` infer/kv_attention.py's attention that dequantizes in registers;
+- ``fp8 dequant`` / ``fp8 window kernel`` the FP8 cache's read (``kv: fp8``; E4M3 with a scale per token
+  and head): every cached chunk dequantized by torch and concatenated / written into the window by one
+  Triton launch a chunk (``kv_attention.dequantized_fp8_window``: the same bits), then SDPA;
 - ``int8 qk + bf16 pv`` / ``int8 qk + fp8 pv`` infer/attention_8bit.py over the concatenated bf16 keys
   (its quantization of q, k, v included);
 - ``cudnn fp8`` infer/attention_cudnn_fp8.py: cuDNN's fused FP8 SDPA over the same keys (its per-tensor
@@ -23,7 +26,7 @@ N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the
   (the cuDNN frontend, a Hopper GPU), else a line says why it was skipped.
 
 FLOPs: 4 H M N D (Q K^T and P V). The error is ||out - ref|| / ||ref|| over two heads, ref = float32
-attention over the inputs the kernel reads (the dequantized cache for the NVFP4 rows).
+attention over the inputs the kernel reads (the dequantized cache for the NVFP4 and FP8 rows).
 """
 from __future__ import annotations
 
@@ -54,8 +57,8 @@ def main() -> None:
 
     from longlive_core.infer import attention_cudnn_fp8
     from longlive_core.infer.attention_8bit import attention_8bit
-    from longlive_core.infer.kv_attention import dequantized_window, nvfp4_cache_attention
-    from longlive_core.infer.kv_quant import QuantizedChunk
+    from longlive_core.infer.kv_attention import dequantized_fp8_window, dequantized_window, nvfp4_cache_attention
+    from longlive_core.infer.kv_quant import FP8Chunk, QuantizedChunk
 
     dev = torch.device("cpu" if args.tiny else "cuda")
     torch.manual_seed(0)
@@ -78,6 +81,10 @@ def main() -> None:
     full_k, full_v = torch.cat(past_k + [k], dim=2), torch.cat(past_v + [v], dim=2)
     deq_k = torch.cat([c.dequantize(torch.bfloat16) for c in qk] + [own_k], dim=2)
     deq_v = torch.cat([c.dequantize(torch.bfloat16) for c in qv] + [v], dim=2)
+    fk = [FP8Chunk.of((c.float() - mean).to(torch.bfloat16)) for c in past_k]
+    fv = [FP8Chunk.of(c) for c in past_v]
+    fp8_k = torch.cat([c.dequantize(torch.bfloat16) for c in fk] + [own_k], dim=2)
+    fp8_v = torch.cat([c.dequantize(torch.bfloat16) for c in fv] + [v], dim=2)
 
     rows = {
         "sdpa only": (lambda: F.scaled_dot_product_attention(q, full_k, full_v), full_k, full_v),
@@ -89,6 +96,11 @@ def main() -> None:
         "nvfp4 window kernel": (lambda: F.scaled_dot_product_attention(
             q, dequantized_window(qk, own_k), dequantized_window(qv, v)), deq_k, deq_v),
         "nvfp4 fused": (lambda: nvfp4_cache_attention(q, qk, qv, own_k, v), deq_k, deq_v),
+        "fp8 dequant": (lambda: F.scaled_dot_product_attention(
+            q, torch.cat([c.dequantize(torch.bfloat16) for c in fk] + [own_k], 2),
+            torch.cat([c.dequantize(torch.bfloat16) for c in fv] + [v], 2)), fp8_k, fp8_v),
+        "fp8 window kernel": (lambda: F.scaled_dot_product_attention(
+            q, dequantized_fp8_window(fk, own_k), dequantized_fp8_window(fv, v)), fp8_k, fp8_v),
         "int8 qk + bf16 pv": (lambda: attention_8bit(q, full_k, full_v, pv="bf16"), full_k, full_v),
         "int8 qk + fp8 pv": (lambda: attention_8bit(q, full_k, full_v, pv="fp8"), full_k, full_v),
     }

@@ -1,5 +1,6 @@
 """The fused NVFP4 KV-cache attention (infer/kv_attention.py) against float64 dequantize-then-attend:
-its largest error is at most 1.5x that of bf16 SDPA over the same dequantized keys and values. On
+its largest error is at most 1.5x that of bf16 SDPA over the same dequantized keys and values; the
+NVFP4 and FP8 window kernels give torch's dequantization bit for bit, and the cache reads through them. On
 the CPU under Triton's interpreter (TRITON_INTERPRET=1, in a subprocess since the flag is read at
 import); on a GPU at the 5B's heads and window. No conftest import: the GPU image runs this file with
 --noconftest."""
@@ -94,15 +95,47 @@ def test_the_window_kernel_dequantizes_bit_for_bit_as_torch_on_the_gpu():
     assert window_matches("cuda", heads=24, dim=128, tokens=(7040, 7040, 7040), own=7040, block_n=64)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
-def test_the_cache_reads_an_nvfp4_window_through_the_kernel_on_the_gpu(monkeypatch):
-    from longlive_core.infer import kv_attention
-    from longlive_core.infer.kv_quant import QuantizedChunk
+def fp8_window_matches(device: str, heads: int = 2, dim: int = 32, tokens: tuple[int, ...] = (24, 40, 0, 7),
+                      own: int = 9, block_n: int = 16) -> bool:
+    """``dequantized_fp8_window`` against the torch path: chunks of different ranges, channels spread over
+    five decades (subnormal codes among them), an empty chunk, lengths that are no multiple of the block."""
+    from longlive_core.infer.kv_attention import dequantized_fp8_window
+    from longlive_core.infer.kv_quant import FP8Chunk
 
-    calls = []
-    monkeypatch.setattr(kv_attention, "dequantized_window",
-                        lambda *a, _f=kv_attention.dequantized_window: calls.append(1) or _f(*a))
-    chunk = QuantizedChunk.of(torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16))
+    g = torch.Generator().manual_seed(0)
+    spread = torch.logspace(0, -5, dim)
+    chunks = [FP8Chunk.of((torch.randn(1, heads, t, dim, generator=g) * spread * 10.0 ** (i - 1)).to(device,
+                                                                                                  torch.bfloat16))
+              for i, t in enumerate(tokens)]
+    bits = chunks[0].codes.view(torch.uint8).int()
+    assert (((bits >> 3) & 15) == 0).logical_and((bits & 7) != 0).any()  # subnormal E4M3 codes
+    mine = torch.randn(1, heads, own, dim, generator=g).to(device, torch.bfloat16)
+    got = dequantized_fp8_window(chunks, mine, block_n)
+    return torch.equal(got, torch.cat([c.dequantize(torch.bfloat16) for c in chunks] + [mine], dim=2))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the kernel itself")
+def test_the_fp8_window_kernel_dequantizes_bit_for_bit_as_torch_in_the_interpreter():
+    code = "from tests.test_infer_kv_attention import fp8_window_matches; assert fp8_window_matches('cpu')"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+def test_the_fp8_window_kernel_dequantizes_bit_for_bit_as_torch_on_the_gpu():
+    assert fp8_window_matches("cuda", heads=24, dim=128, tokens=(7040, 7040, 0, 7040), own=7040, block_n=64)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+@pytest.mark.parametrize("kind, kernel", [("nvfp4", "dequantized_window"), ("fp8", "dequantized_fp8_window")])
+def test_the_cache_reads_a_quantized_window_through_its_kernel_on_the_gpu(monkeypatch, kind, kernel):
+    from longlive_core.infer import kv_attention
+    from longlive_core.infer.kv_quant import KVQuantConfig
+
+    calls, real = [], getattr(kv_attention, kernel)
+    monkeypatch.setattr(kv_attention, kernel, lambda *a: calls.append(1) or real(*a))
+    chunk = KVQuantConfig(format=kind).chunk(torch.randn(1, 2, 16, 64, device="cuda", dtype=torch.bfloat16))
     own = torch.randn(1, 2, 8, 64, device="cuda", dtype=torch.bfloat16)
     assert torch.equal(kv_attention.window([chunk], own), torch.cat([chunk.dequantize(torch.bfloat16), own], dim=2))
     assert calls == [1]

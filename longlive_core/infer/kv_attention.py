@@ -8,12 +8,15 @@ A tile's values are code x block scale x (1 / the chunk's global scale) in float
 bfloat16 for the tensor cores; the torch path rounds the global scale to bfloat16 first, so the two
 differ in the last bit of some values, and the kernel's are the closer to the exact dequantization.
 The codes of the cached chunks are concatenated per call (0.28x the bytes of the dequantized copy
-the torch path makes). On the CPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1)
+the torch path makes). On the CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1)
 for the tests; generation there takes the torch path.
 
 Not used by generation: on the H200 it measured 15.7 ms for one chunk over the paper's window against
 5.6 ms for the torch path and 3.5 ms for SDPA over a bf16 cache (bench/attention_kernels.py, in
-bench/RESULTS.md): every query tile decodes the whole window again on the CUDA cores.
+bench/RESULTS.md): every query tile decodes the whole window again on the CUDA cores. What the cache
+reads through is ``window``: the dequantized window written in one pass, by one launch for NVFP4
+chunks (``dequantized_window``) and one a chunk for FP8's (``dequantized_fp8_window``), the same bits
+as the torch path, then SDPA.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import math
 
 import torch
 
-from longlive_core.infer.kv_quant import QuantizedChunk
+from longlive_core.infer.kv_quant import FP8Chunk, QuantizedChunk
 from longlive_core.quant.nvfp4 import BLOCK
 
 try:
@@ -116,6 +119,21 @@ if triton is not None:
                  mask=valid[:, None])
 
     @triton.jit
+    def _dequantize_fp8_rows(C, S, Out, N, row0, out_tokens, D: tl.constexpr, BN: tl.constexpr):
+        """BN tokens of one batch-head's E4M3 code bytes C (BH, N, D) times their float32 scales S (BH, N),
+        into rows [row0, row0 + N) of Out (BH, out_tokens, D): the product in float32, rounded once to
+        bfloat16, as ``FP8Chunk.dequantize`` computes it: the same bits."""
+        pid, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        offs_n = pid * BN + tl.arange(0, BN)
+        valid = offs_n < N
+        offs_d = tl.arange(0, D)
+        c = _e4m3(tl.load(C + bh * N * D + offs_n[:, None] * D + offs_d[None, :], mask=valid[:, None],
+                          other=0).to(tl.int32))
+        x = c * tl.load(S + bh * N + offs_n, mask=valid, other=0.0)[:, None]
+        tl.store(Out + bh * out_tokens * D + (row0 + offs_n[:, None]) * D + offs_d[None, :], _bf16(x),
+                 mask=valid[:, None])
+
+    @triton.jit
     def _softmax_step(q, k, v, valid, m_i, l_i, acc, qk_scale):
         s = _dot(q, tl.trans(k)) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -188,14 +206,40 @@ def dequantized_window(chunks: list[QuantizedChunk], own: torch.Tensor, block_n:
     return out
 
 
+def dequantized_fp8_window(chunks: list[FP8Chunk], own: torch.Tensor, block_n: int = BLOCK_N) -> torch.Tensor:
+    """[the FP8 chunks dequantized; ``own``] along the tokens as one (B, H, N + M, D) bfloat16 tensor, one
+    launch a chunk, each reading its codes once and writing its rows of the window once (the torch path
+    makes float32 copies and concatenates): bit for bit what ``torch.cat([c.dequantize(bf16) ...] +
+    [own])`` gives."""
+    if triton is None:
+        raise RuntimeError("the FP8 window kernel needs Triton")
+    b, h, m, d = own.shape
+    if d & (d - 1) or own.dtype != torch.bfloat16:
+        raise ValueError(f"a bfloat16 window whose head dimension is a power of two; got {own.dtype}, {d}")
+    n = sum(c.tokens for c in chunks)
+    out = torch.empty((b, h, n + m, d), dtype=torch.bfloat16, device=own.device)
+    row = 0
+    for c in chunks:
+        if c.tokens:
+            codes, scales = c.codes.contiguous().view(torch.uint8), c.scales.contiguous()
+            _dequantize_fp8_rows[(triton.cdiv(c.tokens, block_n), b * h)](codes, scales, out, c.tokens, row, n + m,
+                                                                          D=d, BN=block_n)
+        row += c.tokens
+    out[:, :, n:] = own
+    return out
+
+
 def window(chunks: list, own: torch.Tensor) -> torch.Tensor:
     """[the cached chunks, dequantized to ``own``'s dtype; ``own``] along the tokens: NVFP4 chunks on a GPU
     through ``dequantized_window`` (as fast as reading a BF16 cache on the H200, where the torch
-    passes are 1.4x slower: bench/RESULTS.md), anything else through torch; the same bits either way."""
+    passes are 1.4x slower: bench/RESULTS.md), FP8 chunks through ``dequantized_fp8_window``, anything
+    else through torch; the same bits either way."""
     d = own.shape[-1]
-    if (chunks and own.is_cuda and own.dtype == torch.bfloat16 and available() and d % BLOCK == 0
-            and d & (d - 1) == 0 and all(isinstance(c, QuantizedChunk) for c in chunks)):
-        return dequantized_window(chunks, own)
+    if chunks and own.is_cuda and own.dtype == torch.bfloat16 and available() and d & (d - 1) == 0:
+        if d % BLOCK == 0 and all(isinstance(c, QuantizedChunk) for c in chunks):
+            return dequantized_window(chunks, own)
+        if all(isinstance(c, FP8Chunk) for c in chunks):
+            return dequantized_fp8_window(chunks, own)
     return torch.cat([c.dequantize(own.dtype) for c in chunks] + [own], dim=2)
 
 

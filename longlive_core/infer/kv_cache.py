@@ -14,8 +14,8 @@ and the shot sink, the first ``shot_frames`` of the current shot. The sinks are 
 over the frames the cache holds, not copies: a new shot (``start_shot``) moves the shot sink's start
 to where the shot's first frame will be written, and the previous shot's sink frames age out like
 any other. Keys and values may be held in NVFP4 or FP8 (``kv_quant.py``), dequantized to the compute
-dtype for each read (NVFP4 on a GPU by one Triton launch that writes the window once:
-``kv_attention.window``) and attended by SDPA. (Dequantizing inside the attention kernel instead,
+dtype for each read (on a GPU by Triton launches that write the window once: ``kv_attention.window``)
+and attended by SDPA. (Dequantizing inside the attention kernel instead,
 ``kv_attention.nvfp4_cache_attention``, measured 3.9x slower than this on the H200: every query tile
 decodes the whole window again; bench/RESULTS.md.)
 """
