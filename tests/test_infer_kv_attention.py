@@ -52,13 +52,17 @@ def check(device: str, heads: int = 2, dim: int = 64, chunks: tuple[int, ...] = 
     return ratios
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the kernel itself (and the GPU "
-                    "image's Triton has another interpreter)")
-def test_the_fused_read_is_as_close_as_bf16_sdpa_in_the_interpreter():
-    code = "from tests.test_infer_kv_attention import check; print(check('cpu'))"
+def in_the_interpreter(code: str) -> None:
+    """``code`` in a fresh Python with TRITON_INTERPRET=1 (read when Triton is imported)."""
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the kernel itself (and the GPU "
+                    "image's Triton has another interpreter)")
+def test_the_fused_read_is_as_close_as_bf16_sdpa_in_the_interpreter():
+    in_the_interpreter("from tests.test_infer_kv_attention import check; print(check('cpu'))")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
@@ -84,10 +88,7 @@ def window_matches(device: str, heads: int = 2, dim: int = 32, tokens: tuple[int
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the kernel itself")
 def test_the_window_kernel_dequantizes_bit_for_bit_as_torch_in_the_interpreter():
-    code = "from tests.test_infer_kv_attention import window_matches; assert window_matches('cpu')"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    in_the_interpreter("from tests.test_infer_kv_attention import window_matches; assert window_matches('cpu')")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
@@ -116,10 +117,7 @@ def fp8_window_matches(device: str, heads: int = 2, dim: int = 32, tokens: tuple
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the kernel itself")
 def test_the_fp8_window_kernel_dequantizes_bit_for_bit_as_torch_in_the_interpreter():
-    code = "from tests.test_infer_kv_attention import fp8_window_matches; assert fp8_window_matches('cpu')"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    in_the_interpreter("from tests.test_infer_kv_attention import fp8_window_matches; assert fp8_window_matches('cpu')")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
