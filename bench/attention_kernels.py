@@ -23,7 +23,10 @@ N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the
   (its quantization of q, k, v included);
 - ``cudnn fp8`` infer/attention_cudnn_fp8.py: cuDNN's fused FP8 SDPA over the same keys (its per-tensor
   quantization of q, k, v and the dequantization of its FP8 output included); only where ``available()``
-  (the cuDNN frontend, a Hopper GPU), else a line says why it was skipped.
+  (the cuDNN frontend, a Hopper GPU), else a line says why it was skipped;
+- ``cudnn fp8 kernel`` the same over inputs quantized beforehand (``attention_cudnn_fp8.quantized_inputs``):
+  the fused kernel and its output's dequantization only, to tell the kernel's speed from the float32
+  smoothing and quantization passes over the window's keys and values.
 
 FLOPs: 4 H M N D (Q K^T and P V). The error is ||out - ref|| / ||ref|| over two heads, ref = float32
 attention over the inputs the kernel reads (the dequantized cache for the NVFP4 and FP8 rows).
@@ -107,6 +110,8 @@ def main() -> None:
     skipped = attention_cudnn_fp8.unavailable_reason(dev)
     if skipped is None:
         rows["cudnn fp8"] = (lambda: attention_cudnn_fp8.attention_fp8(q, full_k, full_v), full_k, full_v)
+        prepared = attention_cudnn_fp8.quantized_inputs(q, full_k, full_v)
+        rows["cudnn fp8 kernel"] = (lambda: attention_cudnn_fp8.attention_fp8_quantized(prepared), full_k, full_v)
     flops = 4 * HEADS * m * n * DIM
     where = "cpu (interpreter)" if args.tiny else torch.cuda.get_device_name()
     print(f"# q {m} tokens, window {n} keys, {HEADS} x {DIM} heads, {where}, torch {torch.__version__}", flush=True)

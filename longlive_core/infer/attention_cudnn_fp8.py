@@ -32,6 +32,7 @@ generate``; bench/attention_kernels.py has its speed, bench/fp8_attention_layers
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import OrderedDict
@@ -154,8 +155,24 @@ def _build(cudnn, handle, q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, 
     return graph, t, graph.get_workspace_size()
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``attention_fp8``'s output with the kernel's amax_s (max P before its scale) and amax_o (max |O|)."""
+@dataclasses.dataclass(frozen=True)
+class FP8Inputs:
+    """Q, K (smoothed) and V (smoothed) in E4M3 with their float32 descales, V's mean over the keys (added
+    back to the output) and the output's dtype: what the fused kernel reads."""
+
+    q8: torch.Tensor
+    k8: torch.Tensor
+    v8: torch.Tensor
+    descale_q: torch.Tensor
+    descale_k: torch.Tensor
+    descale_v: torch.Tensor
+    offset: torch.Tensor
+    dtype: torch.dtype
+
+
+def quantized_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> FP8Inputs:
+    """The checks and the quantization ``attention_fp8`` runs before its kernel (bench/attention_kernels.py
+    times the kernel apart from them)."""
     reason = unavailable_reason(q.device)
     if reason is not None:
         raise RuntimeError(f"cuDNN FP8 attention is unavailable here: {reason}")
@@ -169,9 +186,6 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
             raise ValueError(f"FP8 SDPA needs head dimensions that are multiples of 16 up to {MAX_HEAD_DIM}; got {d}")
     if not (k.device == v.device == q.device):
         raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
-    cudnn = _cudnn()
-    device = q.device if q.device.index is not None else torch.device("cuda", torch.cuda.current_device())
-
     q8, descale_q = _per_tensor_e4m3(q)
     smoothed = k.to(torch.float32, copy=True)  # K-smoothing in float32: no rounding before the E4M3 one
     smoothed -= smoothed.mean(dim=2, keepdim=True)
@@ -182,9 +196,18 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
     shifted -= offset
     v8, descale_v = _per_tensor_e4m3(shifted)
     del shifted
-    scale_o = O_HEADROOM / descale_v
+    return FP8Inputs(q8, k8, v8, descale_q, descale_k, descale_v, offset, q.dtype)
+
+
+def _attend(x: FP8Inputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused kernel over ``x`` and its output dequantized: (output, amax_s (max P before its scale),
+    amax_o (max |O|))."""
+    cudnn = _cudnn()
+    q8, k8, v8 = x.q8, x.k8, x.v8
+    device = q8.device if q8.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    scale_o = O_HEADROOM / x.descale_v
     scale_s, descale_s = _scalar_constants(device)
-    out_shape = (*q.shape[:-1], v.shape[-1])
+    out_shape = (*q8.shape[:-1], v8.shape[-1])
 
     key = (tuple(q8.shape), q8.stride(), tuple(k8.shape), k8.stride(), tuple(v8.shape), v8.stride(), device.index)
     with _lock, torch.cuda.device(device):
@@ -194,7 +217,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
             try:
                 entry = _build(cudnn, handle, q8, k8, v8, out_shape)
             except Exception as exc:
-                shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+                shapes = f"q {tuple(q8.shape)}, k {tuple(k8.shape)}, v {tuple(v8.shape)}"
                 raise RuntimeError(f"cuDNN could not build an FP8 SDPA graph for {shapes} on "
                                    f"{torch.cuda.get_device_name(device)}: {exc}") from exc
             _graphs[key] = entry
@@ -207,14 +230,24 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
         amax_s = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=device)
         amax_o = torch.empty_like(amax_s)
         workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=device)
-        pack = {t["q"]: q8, t["k"]: k8, t["v"]: v8, t["descale_q"]: descale_q, t["descale_k"]: descale_k,
-                t["descale_v"]: descale_v, t["descale_s"]: descale_s, t["scale_s"]: scale_s, t["scale_o"]: scale_o,
+        pack = {t["q"]: q8, t["k"]: k8, t["v"]: v8, t["descale_q"]: x.descale_q, t["descale_k"]: x.descale_k,
+                t["descale_v"]: x.descale_v, t["descale_s"]: descale_s, t["scale_s"]: scale_s, t["scale_o"]: scale_o,
                 t["o"]: o8, t["amax_s"]: amax_s, t["amax_o"]: amax_o}
         # the kernel runs on torch's current stream, ordered after the quantization above and before the dequantization
         cudnn.set_stream(handle, torch.cuda.current_stream(device).cuda_stream)
         graph.execute(pack, workspace, handle=handle)
-    out = (o8.float() * (descale_v / O_HEADROOM) + offset).to(q.dtype)
+    out = (o8.float() * (x.descale_v / O_HEADROOM) + x.offset).to(x.dtype)
     return out, amax_s, amax_o
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``attention_fp8``'s output with the kernel's amax_s (max P before its scale) and amax_o (max |O|)."""
+    return _attend(quantized_inputs(q, k, v))
+
+
+def attention_fp8_quantized(x: FP8Inputs) -> torch.Tensor:
+    """``attention_fp8`` over inputs ``quantized_inputs`` made: the kernel and its output's dequantization."""
+    return _attend(x)[0]
 
 
 def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
