@@ -23,7 +23,11 @@ generates a one-chunk warm-up (its time to the first frame counts from the proce
 loading, umT5, compiling), then each row ``KV:STEPS`` on the two-shot prompt file, and prints and
 appends to ``--json`` what the sidecar says: the denoise loop's and end-to-end FPS (decode and H.264
 included), the load's time, time to the first frame from the video's call and from its embedded
-prompts, peak memory until the prompts are embedded and while generating.
+prompts, peak memory until the prompts are embedded and while generating. ``--profile-chunks N``: after
+each row, a video of about N chunks (the window fills from the fourth) generated again with the row's
+settings under torch.profiler, its kernels printed by device time with the shares of attention, of
+the KV cache's (de)quantization and of the VAE's convolutions: where one row's time goes that
+another's does not.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_setup import print_kernels  # noqa: E402
 from longlive_core.config import from_mapping  # noqa: E402
 from longlive_core.infer.engine import GenerateConfig  # noqa: E402
 from longlive_core.infer.generate import Generator  # noqa: E402
@@ -212,8 +217,23 @@ def row_of(side: dict, model: str, precision: str, **more) -> dict:
     return row
 
 
+def profile_row(generator: Generator, root: Path, steps: int, cfg: GenerateConfig, chunks: int, chunk: int) -> None:
+    """A video of about ``chunks`` chunks generated under torch.profiler: its kernels by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompts, seconds = root / "profile.txt", 4 * chunk * chunks / 24
+    prompts.write_text(f"{seconds}\ta red kite over the beach\n")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        generator.generate(prompts, root / "profile.mp4", steps, cfg)
+    print(f"# profile: a {seconds:.2f} s video (about {chunks} chunks), kv {cfg.kv}, {steps} steps", flush=True)
+    print_kernels(prof, 20, {"attention": ("flash", "fmha", "attention", "sdpa", "cudnn"),
+                             "kv (de)quantization": ("dequant", "quant", "e4m3", "fp8_rows"),
+                             "convolutions": ("conv", "xmma")})
+
+
 def run(root: Path, model: str, precision: str, rows: list[tuple[str, int]], device: str, tiny: bool,
-        out: Path | None) -> list[dict]:
+        out: Path | None, profile_chunks: int = 0) -> list[dict]:
     base = {"device": device, "precision": precision, **({"compile": False} if tiny else {})}
     started = time.perf_counter() - process_age()  # perf_counter's reading at the process's start
     first: list[float] = []
@@ -232,6 +252,9 @@ def run(root: Path, model: str, precision: str, rows: list[tuple[str, int]], dev
                                       production_generate({**base, "kv": kv}))
             results.append(row_of(side, model, precision))
             report(results[-1], out)
+            if profile_chunks:
+                profile_row(generator, root, steps, production_generate({**base, "kv": kv}), profile_chunks,
+                            (TINY if tiny else FULL).chunk)
     return results
 
 
@@ -254,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--precision", default="auto", help="bf16 | fp8 | nvfp4 | auto (the folder's own)")
     ap.add_argument("--rows", default="bf16:4", help="KV:STEPS,...: the KV cache's format and the step count")
     ap.add_argument("--json", type=Path, help="append each row as a JSON line")
+    ap.add_argument("--profile-chunks", type=int, default=0,
+                    help="after each row, profile a video of this many chunks (0: none)")
     args = ap.parse_args(argv)
     size = TINY if args.tiny else FULL
     device = "cpu" if args.tiny else "cuda"
@@ -263,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [(kv, int(steps)) for kv, _, steps in (r.partition(":") for r in args.rows.split(","))]
     if device == "cuda":
         print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    run(args.root, args.model, args.precision, rows, device, args.tiny, args.json)
+    run(args.root, args.model, args.precision, rows, device, args.tiny, args.json, args.profile_chunks)
 
 
 if __name__ == "__main__":

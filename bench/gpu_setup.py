@@ -1,4 +1,5 @@
-"""What the GPU benchmarks share: random DiT weights made on the GPU, and a one-rank process group."""
+"""What the GPU benchmarks share: random DiT weights made on the GPU, a one-rank process group, and a
+profile's kernels printed by device time."""
 from __future__ import annotations
 
 import datetime
@@ -31,3 +32,15 @@ def one_rank_group() -> None:
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
                             timeout=datetime.timedelta(minutes=30))
+
+
+def print_kernels(prof, top: int = 12, shares: dict[str, tuple[str, ...]] | None = None) -> None:
+    """``prof`` (a finished torch.profiler run)'s kernels by device time, the ``top`` longest, and the
+    share of device time of the kernels whose names hold any of each group's words (case ignored)."""
+    kernels = [e for e in prof.key_averages() if e.device_time_total > 0 and not e.key.startswith("aten::")]
+    total = sum(e.device_time_total for e in kernels) or 1
+    parts = [f"{name} {sum(e.device_time_total for e in kernels if any(w in e.key.lower() for w in words)) / total:.0%}"
+             for name, words in (shares or {}).items()]
+    print(f"  kernels: {total / 1e3:.0f} ms of device time" + "".join(f", {p}" for p in parts))
+    for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top]:
+        print(f"  {e.device_time_total / 1e3:8.1f} ms {e.count:5d}x  {e.key[:110]}")

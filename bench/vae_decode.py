@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_setup import print_kernels  # noqa: E402
 from longlive_core.infer.decode import ShotDecoder  # noqa: E402
 from longlive_core.models.vae import build_vae, encode_video, frames_to_input  # noqa: E402
 from longlive_core.train.flops import PEAK_BF16_TFLOPS  # noqa: E402
@@ -96,13 +97,7 @@ def profile_chunk(decoder: ShotDecoder, latents: list[torch.Tensor], device: tor
     with profile(activities=activities) as prof:
         decoder.decode(latents[1])
         sync(device)
-    kernels = [e for e in prof.key_averages() if e.device_time_total > 0 and not e.key.startswith("aten::")] \
-        if device.type == "cuda" else []
-    total = sum(e.device_time_total for e in kernels) or 1
-    conv = sum(e.device_time_total for e in kernels if any(k in e.key.lower() for k in ("conv", "xmma", "cudnn")))
-    print(f"  kernels: {total / 1e3:.0f} ms of device time, convolutions {conv / total:.0%}")
-    for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top]:
-        print(f"  {e.device_time_total / 1e3:8.1f} ms {e.count:5d}x  {e.key[:110]}")
+    print_kernels(prof, top, {"convolutions": ("conv", "xmma", "cudnn")})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,8 +28,10 @@ def test_the_product_bench_makes_its_folders_and_reports_each_row(tmp_path):
     assert (dit.format, w4a4.format) == ("longlive-dit", "longlive-w4a4") and dit.vae.sha256 == w4a4.vae.sha256
     assert (dit.sampling.window, dit.sampling.global_sink) == (6, 2)  # the tiny stand-in for 32 with sinks 8 + 8
     assert (tmp_path / "cache/longlive/weights_sha256.json").is_file()  # a user's later runs read no weights again
-    subprocess.run([*bench, "run", str(root), "--tiny", "--model", "w4a4", "--rows", "nvfp4:4,bf16:2", "--json",
-                    str(rows)], check=True, env=env, cwd=tmp_path, capture_output=True)
+    proc = subprocess.run([*bench, "run", str(root), "--tiny", "--model", "w4a4", "--rows", "nvfp4:4,bf16:2", "--json",
+                           str(rows), "--profile-chunks", "2"], check=True, env=env, cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert proc.stdout.count("# profile: ") == 2 and proc.stdout.count("  kernels: ") == 2  # one a row
     got = [json.loads(line) for line in rows.read_text().splitlines()]
     assert [(r["kv"], r["steps"], r.get("warmup", False)) for r in got] == [("nvfp4", 4, True), ("nvfp4", 4, False),
                                                                              ("bf16", 2, False)]
