@@ -226,7 +226,7 @@ def saved_by_compiled_block(block: torch.nn.Module, args: tuple) -> list[str]:
 def test_full_under_compile_keeps_nothing_the_block_makes(recipe):
     """Compiled, a ``full`` block's backward reads only its inputs and parameters, NVFP4's quantized
     operands and products included: torch 2.11 (the H200's) kept every NVFP4 linear's output and
-    weight operand under plain checkpointing (60.2 GiB against budget's 43 keep-nothing floor), so
+    weight operand under plain checkpointing (60.2 GiB, 22 GiB above budget's keep-nothing floor), so
     compiled blocks take a policy that recomputes every op (on torch 2.14 plain checkpointing keeps
     nothing either)."""
     torch.manual_seed(0)

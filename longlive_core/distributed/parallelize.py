@@ -146,9 +146,9 @@ def _full_context():
     """``full`` for compiled blocks, as a policy that names every op. Plain checkpointing tags only the
     ops Dynamo traced at the block's own level, so torch 2.11's partitioner saw the ops inside an
     autograd.Function (the NVFP4 linear's quantize and product operators) untagged, could not
-    recompute a custom operator, and kept every linear's output and weight operand: 60.2 GiB where
-    budget's keep-nothing floor held 43 on the H200 (bench/RESULTS.md). A policy tags each op as it
-    is dispatched, nested ones included."""
+    recompute a custom operator, and kept every linear's output and weight operand: 60.2 GiB on the
+    H200 at 8 blocks, 22 GiB above budget's keep-nothing floor (bench/RESULTS.md). A policy tags each
+    op as it is dispatched, nested ones included."""
     return create_selective_checkpoint_contexts(_recompute_everything)
 
 
