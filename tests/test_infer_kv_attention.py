@@ -71,6 +71,12 @@ def test_the_fused_read_is_as_close_as_bf16_sdpa_on_the_gpu():
     print(check("cuda", heads=24, dim=128, chunks=(7040, 7040, 7040), own=7040, blocks=((128, 64),)))
 
 
+def same_window_as_torch(kernel, chunks: list, own: torch.Tensor, block_n: int) -> bool:
+    """Whether ``kernel``'s window over ``chunks`` and ``own`` is bit for bit torch's dequantize-and-concatenate."""
+    expected = torch.cat([c.dequantize(torch.bfloat16) for c in chunks] + [own], dim=2)
+    return torch.equal(kernel(chunks, own, block_n), expected)
+
+
 def window_matches(device: str, heads: int = 2, dim: int = 32, tokens: tuple[int, ...] = (24, 40, 7), own: int = 9,
                    block_n: int = 16) -> bool:
     """``dequantized_window`` against the torch path: chunks of different ranges (global scales),
@@ -82,8 +88,7 @@ def window_matches(device: str, heads: int = 2, dim: int = 32, tokens: tuple[int
     chunks = [QuantizedChunk.of((torch.randn(1, heads, t, dim, generator=g) * (1 + 3 * i)).to(device, torch.bfloat16),
                                 "mse" if i % 2 else None) for i, t in enumerate(tokens)]
     mine = torch.randn(1, heads, own, dim, generator=g).to(device, torch.bfloat16)
-    got = dequantized_window(chunks, mine, block_n)
-    return torch.equal(got, torch.cat([c.dequantize(torch.bfloat16) for c in chunks] + [mine], dim=2))
+    return same_window_as_torch(dequantized_window, chunks, mine, block_n)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the kernel itself")
@@ -111,8 +116,7 @@ def fp8_window_matches(device: str, heads: int = 2, dim: int = 32, tokens: tuple
     bits = chunks[0].codes.view(torch.uint8).int()
     assert (((bits >> 3) & 15) == 0).logical_and((bits & 7) != 0).any()  # subnormal E4M3 codes
     mine = torch.randn(1, heads, own, dim, generator=g).to(device, torch.bfloat16)
-    got = dequantized_fp8_window(chunks, mine, block_n)
-    return torch.equal(got, torch.cat([c.dequantize(torch.bfloat16) for c in chunks] + [mine], dim=2))
+    return same_window_as_torch(dequantized_fp8_window, chunks, mine, block_n)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the kernel itself")
