@@ -22,10 +22,13 @@ N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the
 - ``int8 qk + bf16 pv`` / ``int8 qk + fp8 pv`` infer/attention_8bit.py over the concatenated bf16 keys
   (its quantization of q, k, v included);
 - ``cudnn fp8`` infer/attention_cudnn_fp8.py: cuDNN's fused FP8 SDPA over the same keys (its per-tensor
-  quantization of q, k, v and the dequantization of its FP8 output included); only where ``available()``
-  (the cuDNN frontend, a Hopper GPU), else a line says why it was skipped;
+  quantization of q, k, v and the dequantization of its FP8 output included: ``attention_fp8_io``'s Triton
+  launches); only where ``available()`` (the cuDNN frontend, a Hopper GPU), else a line says why it was
+  skipped;
+- ``cudnn fp8, torch passes`` the same with the inputs smoothed and quantized by torch
+  (``attention_fp8_io``'s reference path, what ``attention_fp8`` ran before the Triton launches);
 - ``cudnn fp8 kernel`` the same over inputs quantized beforehand (``attention_cudnn_fp8.quantized_inputs``):
-  the fused kernel and its output's dequantization only, to tell the kernel's speed from the float32
+  the fused kernel and its output's dequantization only, to tell the kernel's speed from the
   smoothing and quantization passes over the window's keys and values.
 
 FLOPs: 4 H M N D (Q K^T and P V). The error is ||out - ref|| / ||ref|| over two heads, ref = float32
@@ -42,6 +45,17 @@ import torch
 import torch.nn.functional as F
 
 TOKENS_PER_FRAME, HEADS, DIM = 880, 24, 128
+
+
+def torch_quantized_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """``attention_cudnn_fp8.quantized_inputs`` by torch's passes (the bench's comparison row)."""
+    from longlive_core.infer.attention_cudnn_fp8 import FP8Inputs
+    from longlive_core.infer.attention_fp8_io import per_tensor_e4m3_torch
+
+    k_mean, v_mean = k.float().mean(dim=2, keepdim=True), v.float().mean(dim=2, keepdim=True)
+    (q8, dq), (k8, dk), (v8, dv) = per_tensor_e4m3_torch(q), per_tensor_e4m3_torch(k, k_mean), \
+        per_tensor_e4m3_torch(v, v_mean)
+    return FP8Inputs(q8, k8, v8, dq, dk, dv, v_mean, q.dtype)
 
 
 def main() -> None:
@@ -110,6 +124,8 @@ def main() -> None:
     skipped = attention_cudnn_fp8.unavailable_reason(dev)
     if skipped is None:
         rows["cudnn fp8"] = (lambda: attention_cudnn_fp8.attention_fp8(q, full_k, full_v), full_k, full_v)
+        rows["cudnn fp8, torch passes"] = (lambda: attention_cudnn_fp8.attention_fp8_quantized(
+            torch_quantized_inputs(q, full_k, full_v)), full_k, full_v)
         prepared = attention_cudnn_fp8.quantized_inputs(q, full_k, full_v)
         rows["cudnn fp8 kernel"] = (lambda: attention_cudnn_fp8.attention_fp8_quantized(prepared), full_k, full_v)
     flops = 4 * HEADS * m * n * DIM

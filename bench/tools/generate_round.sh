@@ -38,7 +38,7 @@ for part in "$@"; do case $part in
                  --profile-chunks 5 ;;  # where the NVFP4 cache's loop loses its 7% to the BF16 cache's (after make)
     w4a4) run w4a4 python3 bench/generate_product.py run $root --model w4a4 --rows nvfp4:4 --json "$out/product.jsonl" ;;
     kernels)
-        run kernel_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py \
+        run kernel_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_fp8_io.py \
             tests/test_infer_attention_cudnn_fp8.py
         run attention python3 bench/attention_kernels.py --json "$out/attention.jsonl" ;;
     fp8_layers) run fp8_layers python3 bench/fp8_attention_layers.py --json "$out/fp8_layers.jsonl" \
@@ -62,7 +62,7 @@ for part in "$@"; do case $part in
                 run "memory_${recipe}_${ac/:/}" python3 bench/train_step.py --blocks 8 --frames 32 --recipes $recipe \
                     --compile 1 --steps 1 --ac $ac --memory-peak --out "$out"; done ;;
     gpu_tests) run gpu_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_ac_budget.py \
-               tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_cudnn_fp8.py \
+               tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_cudnn_fp8.py tests/test_infer_attention_fp8_io.py \
                tests/test_quant_triton.py tests/test_train_parallelize.py -k "gpu or compiled or cuda or under_compile" ;;
     dmd) for ac in none full budget:30 budget:47 budget:65; do  # distill_dmd's planner against full and none, NVFP4 + LoRA
              run "dmd_${ac/:/}" python3 bench/dmd_step.py --blocks 8 --frames 32 --modes nvfp4-lora --steps 2 --ac "$ac" \
