@@ -5,6 +5,7 @@ bf16) on full-size model folders of random weights.
     python bench/generate_product.py make /tmp/llp [--w4a4]        # ~22 GB of folders, made on the GPU
     python bench/generate_product.py run /tmp/llp --model dit --precision bf16 --rows bf16:4,bf16:2,nvfp4:4
     python bench/generate_product.py run /tmp/llp --model dit --precision fp8 --rows bf16:4,fp8:4
+    python bench/generate_product.py run /tmp/llp --model dit --precision fp8 --rows bf16:4,bf16:4:fp8  # FP8 attention
     python bench/generate_product.py run /tmp/llp --model w4a4 --rows nvfp4:4,bf16:4
     python bench/generate_product.py make /tmp/t --tiny && python bench/generate_product.py run /tmp/t --tiny ...
 
@@ -201,13 +202,15 @@ def production_generate(overrides: dict) -> GenerateConfig:
     return from_mapping(GenerateConfig, {**section, **overrides}, "generate")
 
 
-ROW_KEYS = ("model", "precision", "recipe", "kv", "steps", "frames", "denoise_fps", "end_to_end_fps", "load_s",
-            "first_frame_s", "first_frame_after_prompt_s", "peak_memory_gib", "load_peak_memory_gib", "wall_s")
+ROW_KEYS = ("model", "precision", "recipe", "kv", "attention", "steps", "frames", "denoise_fps", "end_to_end_fps",
+            "load_s", "first_frame_s", "first_frame_after_prompt_s", "peak_memory_gib", "load_peak_memory_gib",
+            "wall_s")
 
 
 def row_of(side: dict, model: str, precision: str, **more) -> dict:
     gib = 2 ** 30
     row = {"model": model, "precision": precision, "recipe": side["recipe"], "kv": side["kv"],
+           "attention": side["attention"],
            "steps": len(side["steps"]) - 1, "frames": side["frames"], "denoise_fps": side["denoise_fps"],
            "end_to_end_fps": side["end_to_end_fps"], "load_s": side["load_s"], "first_frame_s": side["first_frame_s"],
            "first_frame_after_prompt_s": side["first_frame_after_prompt_s"],
@@ -232,7 +235,7 @@ def profile_row(generator: Generator, root: Path, steps: int, cfg: GenerateConfi
                              "convolutions": ("conv", "xmma")})
 
 
-def run(root: Path, model: str, precision: str, rows: list[tuple[str, int]], device: str, tiny: bool,
+def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]], device: str, tiny: bool,
         out: Path | None, profile_chunks: int = 0) -> list[dict]:
     base = {"device": device, "precision": precision, **({"compile": False} if tiny else {})}
     started = time.perf_counter() - process_age()  # perf_counter's reading at the process's start
@@ -243,17 +246,18 @@ def run(root: Path, model: str, precision: str, rows: list[tuple[str, int]], dev
             first.append(time.perf_counter())
 
     results = []
-    with Generator(root / model, production_generate({**base, "kv": rows[0][0]})) as generator:
+    with Generator(root / model, production_generate({**base, "kv": rows[0][0], "attention": rows[0][2]})) as generator:
         side = generator.generate(root / "warmup.txt", root / "warmup.mp4", rows[0][1], on_frame=stamp)
         results.append(row_of(side, model, precision, warmup=True, first_frame_from_process_s=first[0] - started))
         report(results[-1], out)
-        for kv, steps in rows:
-            side = generator.generate(root / "prompts.txt", root / f"{model}-{precision}-{kv}-{steps}.mp4", steps,
-                                      production_generate({**base, "kv": kv}))
+        for kv, steps, attention in rows:
+            settings = production_generate({**base, "kv": kv, "attention": attention})
+            side = generator.generate(root / "prompts.txt", root / f"{model}-{precision}-{kv}-{attention}-{steps}.mp4",
+                                      steps, settings)
             results.append(row_of(side, model, precision))
             report(results[-1], out)
             if profile_chunks:
-                profile_row(generator, root, steps, production_generate({**base, "kv": kv}), profile_chunks,
+                profile_row(generator, root, steps, settings, profile_chunks,
                             (TINY if tiny else FULL).chunk)
     return results
 
@@ -275,7 +279,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--w4a4", action="store_true", help="make: also the W4A4 folder")
     ap.add_argument("--model", default="dit", choices=("dit", "w4a4"))
     ap.add_argument("--precision", default="auto", help="bf16 | fp8 | nvfp4 | auto (the folder's own)")
-    ap.add_argument("--rows", default="bf16:4", help="KV:STEPS,...: the KV cache's format and the step count")
+    ap.add_argument("--rows", default="bf16:4", help="KV:STEPS[:ATTENTION],...: the KV cache's format, the step "
+                    "count and the cached attention (sdpa, the default, or fp8)")
     ap.add_argument("--json", type=Path, help="append each row as a JSON line")
     ap.add_argument("--profile-chunks", type=int, default=0,
                     help="after each row, profile a video of this many chunks (0: none)")
@@ -285,7 +290,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.action == "make":
         make(args.root, size, device, args.w4a4)
         return
-    rows = [(kv, int(steps)) for kv, _, steps in (r.partition(":") for r in args.rows.split(","))]
+    rows = [(kv, int(steps), attention or "sdpa")
+            for kv, steps, attention in ((r.split(":") + [""])[:3] for r in args.rows.split(","))]
     if device == "cuda":
         print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     run(args.root, args.model, args.precision, rows, device, args.tiny, args.json, args.profile_chunks)

@@ -221,6 +221,40 @@ def test_quantized_caches_nvfp4_and_fp8_weights_run_and_the_cache_is_smaller(mod
     assert plain["kv_bytes_per_token"] / fp8["kv_bytes_per_token"] == pytest.approx(4 / (1 + 4 / 32))
 
 
+def test_fp8_attention_goes_through_the_cache_and_is_refused_where_cudnn_cannot_run(model_dir, tmp_path, capsys,
+                                                                                   monkeypatch):
+    from longlive_core.infer import kv_cache
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(TWO_SHOTS)
+    out = tmp_path / "fp8-attention.mp4"
+    assert longlive(["generate", "--model", str(model_dir), "--prompts", str(prompts), "--out", str(out),
+                     "--attention", "fp8", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "generate.attention is fp8" in err and "not a CUDA device" in err and not out.exists()
+    with pytest.raises(ConfigError, match="attention must be one of"):
+        config(attention="fp4")
+    # where cuDNN could run it, every cached attention of the video goes to attention_fp8 (here SDPA stands in)
+    calls = []
+
+    def stand_in(q, k, v):
+        calls.append(k.shape[2])
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    monkeypatch.setattr(kv_cache, "attention_fp8", stand_in)
+    monkeypatch.setattr(generate_module.attention_cudnn_fp8, "unavailable_reason", lambda device=None: None)
+    frames, sides, routed = {"sdpa": [], "fp8": []}, {}, {}
+    for name in frames:
+        before = len(calls)
+        hashed = frames[name]
+        sides[name] = generate_file(model_dir, prompts, tmp_path / f"{name}.mp4", config(attention=name),
+                                    on_frame=lambda rgb, hashed=hashed: hashed.append(hashlib.sha256(rgb).hexdigest()))
+        routed[name] = len(calls) - before
+    assert sides["fp8"]["attention"] == "fp8" and sides["sdpa"]["attention"] == "sdpa"
+    assert routed["sdpa"] == 0 and routed["fp8"] > 0
+    assert frames["fp8"] == frames["sdpa"] and len(frames["sdpa"]) == 26
+
+
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",

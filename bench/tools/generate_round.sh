@@ -6,6 +6,7 @@
 #   bash bench/tools/generate_round.sh make bf16 fp8 w4a4      # ~8 min: full-size folders, then generate's rows
 #   bash bench/tools/generate_round.sh make kernels vae sp
 #   bash bench/tools/generate_round.sh make profile          # ~5 min: each KV format's kernels over a 5-chunk video
+#   bash bench/tools/generate_round.sh make fp8_attention    # ~6 min: cuDNN FP8 attention in generate, BF16 and FP8 linears
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
 #   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption
 #   bash bench/tools/generate_round.sh fp8_layers            # ~2 min: cuDNN FP8 attention's error layer by layer,
@@ -34,6 +35,10 @@ for part in "$@"; do case $part in
     bf16) run bf16 python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4,bf16:2,nvfp4:4 --json "$out/product.jsonl" ;;
     fp8) run fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 --rows bf16:4,fp8:4 \
              --json "$out/product.jsonl" ;;  # FP8 weights with the BF16 and the FP8 KV cache
+    fp8_attention) run fp8_attention_bf16 python3 bench/generate_product.py run $root --model dit --precision bf16 \
+                       --rows bf16:4,bf16:4:fp8 --json "$out/product.jsonl"  # cuDNN FP8 attention in generate (after make)
+                   run fp8_attention_fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 \
+                       --rows bf16:4:fp8 --json "$out/product.jsonl" ;;  # with FP8 linears: the 1.3x goal
     profile) run profile python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4,nvfp4:4 \
                  --profile-chunks 5 ;;  # where the NVFP4 cache's loop loses its 7% to the BF16 cache's (after make)
     w4a4) run w4a4 python3 bench/generate_product.py run $root --model w4a4 --rows nvfp4:4 --json "$out/product.jsonl" ;;

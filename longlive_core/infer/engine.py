@@ -18,7 +18,7 @@ import torch
 from longlive_core.config import ConfigError
 from longlive_core.distributed.ulysses import WHOLE, SequenceShard, chunk_part, gather_frames
 from longlive_core.infer.decode import FrameStream
-from longlive_core.infer.kv_cache import KVCache, SinkConfig
+from longlive_core.infer.kv_cache import ATTENTIONS, KVCache, SinkConfig
 from longlive_core.infer.kv_quant import KVQuantConfig
 from longlive_core.infer.prompts import ShotPlan
 from longlive_core.infer.rollout import RolloutConfig, denoise_chunk, write_chunk
@@ -42,6 +42,7 @@ class GenerateConfig:
     kv: str = "bf16"  # bf16 (as computed) | nvfp4 | fp8
     kv_smooth_keys: bool = True  # a quantized cache's keys stored minus a per-layer, per-head mean
     kv_four_over_six: str | None = None  # null | mse | mae: the NVFP4 cache's 4/6 block scale choice rule
+    attention: str = "sdpa"  # the cached self-attention: sdpa (bf16) | fp8 (cuDNN's FP8 SDPA: Hopper or newer)
     precision: str = "auto"  # auto: the folder's own (bf16: longlive-dit, nvfp4: longlive-w4a4) | bf16 | nvfp4 | fp8
     default_duration_s: float = 5.0  # a prompt line without a duration
     seed: int = 0
@@ -68,6 +69,8 @@ class GenerateConfig:
             raise ConfigError(f"{where}.ar_steps must be at least 1; got {self.ar_steps}")
         if self.kv not in KV_FORMATS:
             raise ConfigError(f"{where}.kv must be one of {KV_FORMATS}; got {self.kv!r}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"{where}.attention must be one of {ATTENTIONS}; got {self.attention!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"{where}.precision must be one of {PRECISIONS}; got {self.precision!r}")
         if self.kv_four_over_six not in (None, "mse", "mae"):
@@ -89,7 +92,7 @@ class GenerateConfig:
         """The KV cache of a run sampled as ``sampling`` (``infer/sampling.run_sampling``), in ``kv``'s format."""
         quant = None if self.kv == "bf16" else KVQuantConfig(self.kv_smooth_keys, self.kv_four_over_six, self.kv)
         return KVCache(len(model.blocks), tokens_per_frame, sampling.window, quant,
-                       SinkConfig(sampling.global_sink, sampling.shot_sink))
+                       SinkConfig(sampling.global_sink, sampling.shot_sink), self.attention)
 
 
 @dataclasses.dataclass

@@ -1,7 +1,8 @@
 """``longlive generate``: a video from any model folder the chain makes and a prompt file.
 
     longlive generate --model models/w4a4 --prompts story.txt --out story.mp4 [--seed N] [--steps 4|2]
-                      [--kv nvfp4|fp8|bf16] [--precision bf16|nvfp4|fp8] [--decode async|sync] [--sp P]
+                      [--kv nvfp4|fp8|bf16] [--attention sdpa|fp8] [--precision bf16|nvfp4|fp8]
+                      [--decode async|sync] [--sp P]
                       [--vae-device cuda:1]
 
 The model folder's config.json gives the sampling it was made for (the step list, or an AR model's
@@ -37,9 +38,11 @@ from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.devices import pick_device
 from longlive_core.distributed.launch import torchrun_command, under_torchrun
 from longlive_core.distributed.ulysses import WHOLE, SequenceShard
+from longlive_core.infer import attention_cudnn_fp8
 from longlive_core.infer.decode import FrameStream, ShotDecoder
 from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, EngineStats, GenerateConfig, generate
 from longlive_core.infer.enhance import Enhancement, ExampleBank, enhance, pooled_prompt, template_digest
+from longlive_core.infer.kv_cache import ATTENTIONS
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, Segment, ShotPlan, parse_prompts, plan_shots
 from longlive_core.infer.sampling import RunSampling, run_sampling
@@ -150,6 +153,8 @@ class Generator:
         if not prompts.is_file():
             raise PromptFileError(f"{prompts} not found: give a prompt file, one line per shot")
         cfg = self.settings(cfg)
+        if cfg.attention == "fp8" and (missing := attention_cudnn_fp8.unavailable_reason(self.device)):
+            raise ConfigError(f"generate.attention is fp8 (cuDNN's FP8 attention) but {missing}: use sdpa here")
         config, model = self.config, self.model
         sampling = run_sampling(self.folder, cfg, steps)
         latent = config.latent
@@ -256,7 +261,8 @@ class Generator:
                        "prompts": [seg.prompt for seg in s.segments], "lines": [seg.line for seg in s.segments]}
                       for s in plan],
             "seed": cfg.seed, "steps": list(sampling.steps), "model": str(self.model_dir),
-            "model_format": config.format, "recipe": self.recipe, "kv": cfg.kv, "decode": cfg.decode,
+            "model_format": config.format, "recipe": self.recipe, "kv": cfg.kv, "attention": cfg.attention,
+            "decode": cfg.decode,
             "device": str(device), "sp": shard.size, "vae_device": str(decoder.device),
             "vae_dtype": str(decoder.dtype).removeprefix("torch."), "vae_compile": cfg.vae_compile,
             "vae_channels_last": decoder.channels_last,
@@ -343,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="sampling steps: the model folder's list when it has that many, else "
                     "the list of that length in generate.step_lists (an AR folder: its schedule with N steps)")
     ap.add_argument("--kv", choices=KV_FORMATS, help="the KV cache's format")
+    ap.add_argument("--attention", choices=ATTENTIONS, help="the cached self-attention: sdpa, or fp8 (cuDNN's FP8 "
+                    "SDPA, Hopper or newer, with the nvidia-cudnn-frontend package)")
     ap.add_argument("--precision", choices=PRECISIONS, help="the linear layers' weights (fp8: W8A8, Hopper's fast "
                     "path)")
     ap.add_argument("--decode", choices=("async", "sync"))
@@ -364,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [*torchrun_command("longlive_core.cli", 1, args.sp), "generate", *argv]
         os.execvp(cmd[0], cmd)
     try:
-        cfg = config_from(args.params, {"seed": args.seed, "kv": args.kv, "precision": args.precision,
+        cfg = config_from(args.params, {"seed": args.seed, "kv": args.kv, "attention": args.attention,
+                                        "precision": args.precision,
                                         "decode": args.decode, "device": args.device, "vae_device": args.vae_device,
                                         "enhance": args.enhance})
         with sequence_parallel(args.sp, cfg.device) as shard:

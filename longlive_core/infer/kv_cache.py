@@ -26,10 +26,15 @@ import dataclasses
 
 import torch
 
+from longlive_core.infer.attention_cudnn_fp8 import attention_fp8
 from longlive_core.infer.config import SinkConfig
 from longlive_core.infer.kv_attention import window
 from longlive_core.infer.kv_quant import KVQuantConfig
 from longlive_core.models.attention import MaskMod, attend
+
+# how a chunk attends over the window: SDPA in the activations' dtype, or cuDNN's FP8 SDPA (Hopper or
+# newer; infer/attention_cudnn_fp8.py: its error and speed in bench/RESULTS.md)
+ATTENTIONS = ("sdpa", "fp8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +74,16 @@ class PlainChunk:
 
 class KVCache:
     def __init__(self, num_layers: int, tokens_per_frame: int, window: int | None = None,
-                 quant: KVQuantConfig | None = None, sink: SinkConfig | None = None):
+                 quant: KVQuantConfig | None = None, sink: SinkConfig | None = None, attention: str = "sdpa"):
         """``window``: the latent frames a chunk attends to, itself included (None: every frame before it).
         ``quant``: hold the cached keys and values in its format (``infer/kv_quant.py``); None: as computed.
-        ``sink``: the global and shot sinks (None: none)."""
+        ``sink``: the global and shot sinks (None: none). ``attention``: how a chunk attends over the window
+        (``ATTENTIONS``)."""
         if window is not None and window < 1:
             raise ValueError(f"the cache window must be at least one latent frame; got {window}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}; got {attention!r}")
+        self.attention = attention
         self.num_layers, self.tokens_per_frame, self.window = num_layers, tokens_per_frame, window
         self.quant, self.sink = quant, sink or SinkConfig()
         # per layer, the written chunks in time order (PlainChunk, or ``quant``'s chunks)
@@ -196,7 +205,10 @@ class CachedAttention:
         # the chunk's own keys minus the same K-smoothing mean as the cached ones (NVFP4 only)
         own_k = smoothed(k, self.key_mean)
         full_k, full_v = window(self.past_k, own_k), window(self.past_v, v)
-        out = attend(q, full_k, full_v, None, backend="sdpa")  # no mask: dense flash attention where there is one
+        if self.cache.attention == "fp8":
+            out = attention_fp8(q, full_k, full_v)
+        else:  # no mask: dense flash attention where there is one
+            out = attend(q, full_k, full_v, None, backend="sdpa")
         if self.writing:
             self.cache._append(self.index, k, v)
         return out
