@@ -131,3 +131,21 @@ def test_the_probabilities_fit_the_s_scale():
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
     print(f"amax_s {amax_s.item():.4f}, amax_o {amax_o.item():.4f} (float32 attention's {ref.abs().max().item():.4f})")
     assert 0 < amax_s.item() <= 1.001, f"amax_s {amax_s.item()}: P above 1 (or amax_s after scale_s) overflows P_SCALE"
+
+
+@needs_gpu
+def test_the_kv_cache_attends_through_it_on_the_gpu_when_generate_asks():
+    # generate.attention: fp8: a chunk's cached self-attention over [the window; its own keys] goes through
+    # attention_fp8, within its tolerance of the SDPA cache's
+    from longlive_core.infer.attention_cudnn_fp8 import attention_fp8
+    from longlive_core.infer.kv_cache import KVCache
+
+    q, k, v = draw(2, 64, 64, 64, seed=5)  # one latent frame of 64 tokens
+    plain, fp8 = KVCache(1, 64, window=4), KVCache(1, 64, window=4, attention="fp8")
+    for cache in (plain, fp8):
+        with cache.write(1):
+            cache.for_layer(0)(q, k, v, None)
+    out = fp8.for_layer(0)(q, k, v, None)
+    assert torch.equal(out, attention_fp8(q, torch.cat([k, k], 2), torch.cat([v, v], 2)))
+    ref = plain.for_layer(0)(q, k, v, None).float()
+    assert float((out.float() - ref).norm() / ref.norm()) <= TOLERANCE
