@@ -68,7 +68,7 @@ for part in "$@"; do case $part in
                     --compile 1 --steps 1 --ac $ac --memory-peak --out "$out"; done ;;
     gpu_tests) run gpu_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_ac_budget.py \
                tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_cudnn_fp8.py tests/test_infer_attention_fp8_io.py \
-               tests/test_quant_triton.py tests/test_train_parallelize.py -k "gpu or compiled or cuda or under_compile" ;;
+               tests/test_quant_triton.py tests/test_train_parallelize.py -k "gpu or compiled or cuda or under_compile" --durations=10 ;;
     dmd) for ac in none full budget:30 budget:47 budget:65; do  # distill_dmd's planner against full and none, NVFP4 + LoRA
              run "dmd_${ac/:/}" python3 bench/dmd_step.py --blocks 8 --frames 32 --modes nvfp4-lora --steps 2 --ac "$ac" \
                  --out "$out/dmd_${ac/:/}"; done ;;
