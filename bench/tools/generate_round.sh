@@ -31,7 +31,9 @@ run() { local name=$1; shift; echo "== $name: $*"; local t0=$SECONDS
     echo "   $((SECONDS - t0)) s"; grep -v -i "warn" "$out/$name.log" | tail -n 14; }
 root=/tmp/llp
 for part in "$@"; do case $part in
-    make) [[ -f $root/prompts.txt ]] || run make python3 bench/generate_product.py make $root --w4a4 ;;
+    make) w4a4=--w4a4  # the W4A4 folder is written through compressed-tensors (pure Python: carry its wheel)
+          python3 -c "import compressed_tensors" 2>/dev/null || { w4a4=; echo "   no compressed_tensors here: no W4A4 folder"; }
+          [[ -f $root/prompts.txt ]] || run make python3 bench/generate_product.py make $root $w4a4 ;;
     bf16) run bf16 python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4,bf16:2,nvfp4:4 --json "$out/product.jsonl" ;;
     fp8) run fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 --rows bf16:4,fp8:4 \
              --json "$out/product.jsonl" ;;  # FP8 weights with the BF16 and the FP8 KV cache
