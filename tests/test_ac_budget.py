@@ -160,6 +160,7 @@ def test_fusible_ops_are_priced_at_the_share_their_compiled_recomputation_was_me
 
     chosen = measured_plans({"k": profile}, {"k": 1}, 0, 4, measure)
     assert chosen.fused_shares == {"k": pytest.approx(0.2)} and chosen.plans["k"].saved == ("aten.addmm.default#0",)
+    assert chosen.share_trials == {"k": (pytest.approx(10.6e-3), 8e-3)}  # kept beside the share: its noise is theirs
 
 
 def test_a_profile_names_the_ops_each_op_is_made_from():

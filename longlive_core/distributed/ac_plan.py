@@ -256,6 +256,8 @@ class MeasuredPlan:
     kept_bytes: int  # every block's kept bytes together, measured
     transient_bytes: int  # the most one block's backward adds at once, measured (the largest kind's)
     fused_shares: dict[str, float] = dataclasses.field(default_factory=dict)  # each kind's, as measured
+    # each kind's (nothing kept, every output kept) trial seconds the share comes from: its noise is theirs
+    share_trials: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
     def peak(self, static: int) -> int:
         return static + self.kept_bytes + self.transient_bytes
@@ -281,7 +283,8 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     def measured(plans: dict[str, ACPlan], real: dict | None = None) -> MeasuredPlan:
         real = real or {kind: measure(kind, plans[kind].saved) for kind in plans}
         return MeasuredPlan(plans, sum(counts[k] * real[k][0] for k in real),
-                            max(least_transient, *(r[1] for r in real.values())), shares)
+                            max(least_transient, *(r[1] for r in real.values())), shares,
+                            {kind: (floor[kind][2], every[kind][2]) for kind in profiles})
 
     def spared(m: MeasuredPlan) -> float:
         return sum(counts[k] * (p.forward_s - p.recompute_s) for k, p in m.plans.items())
