@@ -98,10 +98,10 @@ if triton is not None:
         return _bf16(tl.reshape(tl.join(lo, hi), (BN, D)))
 
     @triton.jit
-    def _dequantize_rows(C, S, E, Out, N, out_tokens, D: tl.constexpr, BN: tl.constexpr):
-        """BN tokens of one batch-head's codes C (BH, N, D/2) and scale bytes S (BH, N, D/16), each
-        divided by its chunk's S_enc as bfloat16 (E, per token), into rows [0, N) of Out (BH,
-        out_tokens, D): code x scale is exact, the division rounds in float32 then to bfloat16, as
+    def _dequantize_rows(C, S, E, Out, N, row0, out_tokens, D: tl.constexpr, BN: tl.constexpr):
+        """BN tokens of one batch-head's codes C (BH, N, D/2) and scale bytes S (BH, N, D/16) of one
+        chunk, divided by the chunk's S_enc (E, float32) as bfloat16, into rows [row0, row0 + N) of Out
+        (BH, out_tokens, D): code x scale is exact, the division rounds in float32 then to bfloat16, as
         torch's bfloat16 division does (``QuantizedChunk.dequantize``): the same bits."""
         pid, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
         offs_n = pid * BN + tl.arange(0, BN)
@@ -114,8 +114,8 @@ if triton is not None:
                           other=0).to(tl.int32))
         lo = tl.reshape(_e2m1(c & 15), (BN, D // 16, 8)) * s[:, :, None]
         hi = tl.reshape(_e2m1(c >> 4), (BN, D // 16, 8)) * s[:, :, None]
-        x = tl.div_rn(tl.reshape(tl.join(lo, hi), (BN, D)), tl.load(E + offs_n, mask=valid, other=1.0)[:, None])
-        tl.store(Out + bh * out_tokens * D + offs_n[:, None] * D + tl.arange(0, D)[None, :], _bf16(x),
+        x = tl.div_rn(tl.reshape(tl.join(lo, hi), (BN, D)), _bf16(tl.load(E)).to(tl.float32))
+        tl.store(Out + bh * out_tokens * D + (row0 + offs_n[:, None]) * D + tl.arange(0, D)[None, :], _bf16(x),
                  mask=valid[:, None])
 
     @triton.jit
@@ -176,32 +176,36 @@ if triton is not None:
         tl.store(Out + bh * M * D + offs_m[:, None] * D + offs_d[None, :], _bf16(out), mask=rows)
 
 
-def _stacked(chunks: list[QuantizedChunk], per_token=lambda s_enc: torch.reciprocal(s_enc.float())
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The chunks' codes and scales laid end to end over the tokens, and ``per_token(S_enc)`` of each
-    token's chunk (float32; by default 1 / S_enc)."""
+def _stacked(chunks: list[QuantizedChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chunks' codes and scales laid end to end over the tokens, and 1 / S_enc of each token's
+    chunk (float32)."""
     codes = torch.cat([c.codes for c in chunks], dim=2)
     scales = torch.cat([c.scales for c in chunks], dim=2).view(torch.uint8)
-    decode = torch.cat([per_token(c.encode_scale).float().expand(c.tokens) for c in chunks])
+    decode = torch.cat([torch.reciprocal(c.encode_scale.float()).expand(c.tokens) for c in chunks])
     return codes.contiguous(), scales.contiguous(), decode.contiguous()
 
 
 def dequantized_window(chunks: list[QuantizedChunk], own: torch.Tensor, block_n: int = BLOCK_N) -> torch.Tensor:
     """[the chunks dequantized; ``own``] along the tokens as one (B, H, N + M, D) bfloat16 tensor: one
-    launch reads the codes and writes the window once, where ``QuantizedChunk.dequantize`` and a
-    concatenation make several passes; bit for bit what ``torch.cat([c.dequantize(bf16) ...] + [own])``
-    gives."""
+    launch a chunk reads its codes and writes its rows of the window once, where
+    ``QuantizedChunk.dequantize`` and a concatenation make several passes (and laying the chunks' codes
+    end to end first, one launch for all, copied them once more: 4.17 ms against the FP8 window's 4.06
+    on the H200); bit for bit what ``torch.cat([c.dequantize(bf16) ...] + [own])`` gives."""
     if triton is None:
         raise RuntimeError("the NVFP4 window kernel needs Triton")
     b, h, m, d = own.shape
     if d % BLOCK or d & (d - 1) or own.dtype != torch.bfloat16:
         raise ValueError(f"a bfloat16 window whose head dimension is a power of two and a multiple of {BLOCK}; "
                          f"got {own.dtype}, {d}")
-    codes, scales, divisors = _stacked(chunks, lambda s_enc: s_enc.to(torch.bfloat16))
-    n = codes.shape[2]
+    n = sum(c.tokens for c in chunks)
     out = torch.empty((b, h, n + m, d), dtype=torch.bfloat16, device=own.device)
-    if n:
-        _dequantize_rows[(triton.cdiv(n, block_n), b * h)](codes, scales, divisors, out, n, n + m, D=d, BN=block_n)
+    row = 0
+    for c in chunks:
+        if c.tokens:
+            codes, scales = c.codes.contiguous(), c.scales.contiguous().view(torch.uint8)
+            _dequantize_rows[(triton.cdiv(c.tokens, block_n), b * h)](codes, scales, c.encode_scale.float(), out,
+                                                                      c.tokens, row, n + m, D=d, BN=block_n)
+        row += c.tokens
     out[:, :, n:] = own
     return out
 
