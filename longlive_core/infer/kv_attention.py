@@ -119,6 +119,21 @@ if triton is not None:
                  mask=valid[:, None])
 
     @triton.jit
+    def _shifted_rows(X, Mean, Out, M, H, sxb, sxh, sxl, row0, out_tokens, D: tl.constexpr, BN: tl.constexpr):
+        """BN tokens of one batch-head of X (B, H, M, D: any strides, the channels contiguous) less Mean
+        (1, H, 1, D, float32) into rows [row0, row0 + M) of Out (BH, out_tokens, D): the difference in
+        float32 rounded once to bfloat16, as ``smoothed`` computes it: the same bits."""
+        pid, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        offs_n = pid * BN + tl.arange(0, BN)
+        valid = offs_n < M
+        offs_d = tl.arange(0, D)
+        x = _f32(tl.load(X + (bh // H) * sxb + (bh % H) * sxh + offs_n[:, None].to(tl.int64) * sxl + offs_d[None, :],
+                         mask=valid[:, None], other=0.0))
+        x = x - tl.load(Mean + (bh % H) * D + offs_d)[None, :]
+        tl.store(Out + bh * out_tokens * D + (row0 + offs_n[:, None]) * D + offs_d[None, :], _bf16(x),
+                 mask=valid[:, None])
+
+    @triton.jit
     def _dequantize_fp8_rows(C, S, Out, N, row0, out_tokens, D: tl.constexpr, BN: tl.constexpr):
         """BN tokens of one batch-head's E4M3 code bytes C (BH, N, D) times their float32 scales S (BH, N),
         into rows [row0, row0 + N) of Out (BH, out_tokens, D): the product in float32, rounded once to
@@ -176,6 +191,27 @@ if triton is not None:
         tl.store(Out + bh * M * D + offs_m[:, None] * D + offs_d[None, :], _bf16(out), mask=rows)
 
 
+def smoothed(k: torch.Tensor, mean: torch.Tensor | None) -> torch.Tensor:
+    """``k`` less the K-smoothing ``mean`` (1, H, 1, D) in float32, back in k's dtype (None: ``k``)."""
+    return k if mean is None else (k.float() - mean).to(k.dtype)
+
+
+def _place_own(out: torch.Tensor, own: torch.Tensor, shift: torch.Tensor | None, block_n: int) -> None:
+    """The window's last rows: ``own``, less ``shift`` where given (``smoothed``'s bits in one launch, where
+    torch makes a float32 copy, a subtraction, a cast and the copy into the window)."""
+    b, h, m, d = own.shape
+    if shift is None:
+        out[:, :, out.shape[2] - m:] = own
+        return
+    if tuple(shift.shape) != (1, h, 1, d):
+        raise ValueError(f"the smoothing mean must be (1, {h}, 1, {d}); got {tuple(shift.shape)}")
+    own = own if own.stride(-1) == 1 else own.contiguous()
+    if m:
+        _shifted_rows[(triton.cdiv(m, block_n), b * h)](own, shift.float().contiguous(), out, m, h, own.stride(0),
+                                                        own.stride(1), own.stride(2), out.shape[2] - m, out.shape[2],
+                                                        D=d, BN=block_n)
+
+
 def _stacked(chunks: list[QuantizedChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The chunks' codes and scales laid end to end over the tokens, and 1 / S_enc of each token's
     chunk (float32)."""
@@ -185,12 +221,13 @@ def _stacked(chunks: list[QuantizedChunk]) -> tuple[torch.Tensor, torch.Tensor, 
     return codes.contiguous(), scales.contiguous(), decode.contiguous()
 
 
-def dequantized_window(chunks: list[QuantizedChunk], own: torch.Tensor, block_n: int = BLOCK_N) -> torch.Tensor:
-    """[the chunks dequantized; ``own``] along the tokens as one (B, H, N + M, D) bfloat16 tensor: one
-    launch a chunk reads its codes and writes its rows of the window once, where
+def dequantized_window(chunks: list[QuantizedChunk], own: torch.Tensor, block_n: int = BLOCK_N,
+                       shift: torch.Tensor | None = None) -> torch.Tensor:
+    """[the chunks dequantized; ``own``, less ``shift`` where given] along the tokens as one
+    (B, H, N + M, D) bfloat16 tensor: one launch a chunk reads its codes and writes its rows of the window once, where
     ``QuantizedChunk.dequantize`` and a concatenation make several passes (and laying the chunks' codes
     end to end first, one launch for all, copied them once more: 4.17 ms against the FP8 window's 4.06
-    on the H200); bit for bit what ``torch.cat([c.dequantize(bf16) ...] + [own])`` gives."""
+    on the H200); bit for bit what ``torch.cat([c.dequantize(bf16) ...] + [smoothed(own, shift)])`` gives."""
     if triton is None:
         raise RuntimeError("the NVFP4 window kernel needs Triton")
     b, h, m, d = own.shape
@@ -206,15 +243,16 @@ def dequantized_window(chunks: list[QuantizedChunk], own: torch.Tensor, block_n:
             _dequantize_rows[(triton.cdiv(c.tokens, block_n), b * h)](codes, scales, c.encode_scale.float(), out,
                                                                       c.tokens, row, n + m, D=d, BN=block_n)
         row += c.tokens
-    out[:, :, n:] = own
+    _place_own(out, own, shift, block_n)
     return out
 
 
-def dequantized_fp8_window(chunks: list[FP8Chunk], own: torch.Tensor, block_n: int = BLOCK_N) -> torch.Tensor:
-    """[the FP8 chunks dequantized; ``own``] along the tokens as one (B, H, N + M, D) bfloat16 tensor, one
-    launch a chunk, each reading its codes once and writing its rows of the window once (the torch path
-    makes float32 copies and concatenates): bit for bit what ``torch.cat([c.dequantize(bf16) ...] +
-    [own])`` gives."""
+def dequantized_fp8_window(chunks: list[FP8Chunk], own: torch.Tensor, block_n: int = BLOCK_N,
+                           shift: torch.Tensor | None = None) -> torch.Tensor:
+    """[the FP8 chunks dequantized; ``own``, less ``shift`` where given] along the tokens as one
+    (B, H, N + M, D) bfloat16 tensor, one launch a chunk, each reading its codes once and writing its
+    rows of the window once (the torch path makes float32 copies and concatenates): bit for bit what
+    ``torch.cat([c.dequantize(bf16) ...] + [smoothed(own, shift)])`` gives."""
     if triton is None:
         raise RuntimeError("the FP8 window kernel needs Triton")
     b, h, m, d = own.shape
@@ -229,22 +267,23 @@ def dequantized_fp8_window(chunks: list[FP8Chunk], own: torch.Tensor, block_n: i
             _dequantize_fp8_rows[(triton.cdiv(c.tokens, block_n), b * h)](codes, scales, out, c.tokens, row, n + m,
                                                                           D=d, BN=block_n)
         row += c.tokens
-    out[:, :, n:] = own
+    _place_own(out, own, shift, block_n)
     return out
 
 
-def window(chunks: list, own: torch.Tensor) -> torch.Tensor:
-    """[the cached chunks, dequantized to ``own``'s dtype; ``own``] along the tokens: NVFP4 chunks on a GPU
+def window(chunks: list, own: torch.Tensor, shift: torch.Tensor | None = None) -> torch.Tensor:
+    """[the cached chunks, dequantized to ``own``'s dtype; ``own`` less the K-smoothing mean ``shift`` where
+    given (``smoothed``)] along the tokens: NVFP4 chunks on a GPU
     through ``dequantized_window`` (as fast as reading a BF16 cache on the H200, where the torch
     passes are 1.4x slower: bench/RESULTS.md), FP8 chunks through ``dequantized_fp8_window``, anything
     else through torch; the same bits either way."""
     d = own.shape[-1]
     if chunks and own.is_cuda and own.dtype == torch.bfloat16 and available() and d & (d - 1) == 0:
         if d % BLOCK == 0 and all(isinstance(c, QuantizedChunk) for c in chunks):
-            return dequantized_window(chunks, own)
+            return dequantized_window(chunks, own, BLOCK_N, shift)
         if all(isinstance(c, FP8Chunk) for c in chunks):
-            return dequantized_fp8_window(chunks, own)
-    return torch.cat([c.dequantize(own.dtype) for c in chunks] + [own], dim=2)
+            return dequantized_fp8_window(chunks, own, BLOCK_N, shift)
+    return torch.cat([c.dequantize(own.dtype) for c in chunks] + [smoothed(own, shift)], dim=2)
 
 
 def nvfp4_cache_attention(q: torch.Tensor, past_k: list[QuantizedChunk], past_v: list[QuantizedChunk],

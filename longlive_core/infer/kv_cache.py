@@ -28,7 +28,7 @@ import torch
 
 from longlive_core.infer.attention_cudnn_fp8 import attention_fp8
 from longlive_core.infer.config import SinkConfig
-from longlive_core.infer.kv_attention import window
+from longlive_core.infer.kv_attention import smoothed, window
 from longlive_core.infer.kv_quant import KVQuantConfig
 from longlive_core.models.attention import MaskMod, attend
 
@@ -183,10 +183,6 @@ def select(chunks: list, ranges: list[tuple[int, int]]) -> list:
     return out
 
 
-def smoothed(k: torch.Tensor, mean: torch.Tensor | None) -> torch.Tensor:
-    return k if mean is None else (k.float() - mean).to(k.dtype)
-
-
 class CachedAttention:
     """Block ``index``'s ``attention_fn`` for one forward: attends over [cache; current] and, in a write
     pass, appends the current keys and values to the cache after using them. It holds the cache as it
@@ -202,9 +198,9 @@ class CachedAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
         if mask_mod is not None:
             raise ValueError("cached attention takes no mask: the cache holds exactly what the chunk may see")
-        # the chunk's own keys minus the same K-smoothing mean as the cached ones (NVFP4 only)
-        own_k = smoothed(k, self.key_mean)
-        full_k, full_v = window(self.past_k, own_k), window(self.past_v, v)
+        # the chunk's own keys minus the same K-smoothing mean as the cached ones (a quantized cache's),
+        # written into the window as it is made
+        full_k, full_v = window(self.past_k, k, self.key_mean), window(self.past_v, v)
         if self.cache.attention == "fp8":
             out = attention_fp8(q, full_k, full_v)
         else:  # no mask: dense flash attention where there is one
