@@ -11,14 +11,15 @@ N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the
 - ``bf16 cache`` what the BF16 cache runs: the cached chunks and the chunk's own keys concatenated,
   then SDPA (flash);
 - ``sdpa only`` the same SDPA on already concatenated keys (the kernel's own time);
-- ``nvfp4 dequant`` the NVFP4 cache read before the fused kernel: every cached chunk dequantized to
-  bf16, concatenated, SDPA;
-- ``nvfp4 window kernel`` the same window written by one Triton launch (``kv_attention.dequantized_window``:
-  the same bits), then SDPA;
+- ``nvfp4 dequant`` the NVFP4 cache read by torch: every cached chunk dequantized to bf16, the chunk's
+  own keys less the K-smoothing mean (``kv_attention.smoothed``), concatenated, SDPA;
+- ``nvfp4 window kernel`` the same window as ``longlive generate`` reads it (``kv_attention.window``: on a
+  GPU a Triton launch per chunk and one for the chunk's own smoothed keys, the same bits), then SDPA;
 - ``nvfp4 fused`` infer/kv_attention.py's attention that dequantizes in registers;
 - ``fp8 dequant`` / ``fp8 window kernel`` the FP8 cache's read (``kv: fp8``; E4M3 with a scale per token
-  and head): every cached chunk dequantized by torch and concatenated / written into the window by one
-  Triton launch a chunk (``kv_attention.dequantized_fp8_window``: the same bits), then SDPA;
+  and head), the chunk's own keys smoothed as above: every cached chunk dequantized by torch and
+  concatenated / written into the window by ``kv_attention.window`` (a Triton launch a chunk: the same
+  bits), then SDPA;
 - ``int8 qk + bf16 pv`` / ``int8 qk + fp8 pv`` infer/attention_8bit.py over the concatenated bf16 keys
   (its quantization of q, k, v included);
 - ``cudnn fp8`` infer/attention_cudnn_fp8.py: cuDNN's fused FP8 SDPA over the same keys (its per-tensor
@@ -74,7 +75,7 @@ def main() -> None:
 
     from longlive_core.infer import attention_cudnn_fp8
     from longlive_core.infer.attention_8bit import attention_8bit
-    from longlive_core.infer.kv_attention import dequantized_fp8_window, dequantized_window, nvfp4_cache_attention
+    from longlive_core.infer.kv_attention import nvfp4_cache_attention, smoothed, window
     from longlive_core.infer.kv_quant import FP8Chunk, QuantizedChunk
 
     dev = torch.device("cpu" if args.tiny else "cuda")
@@ -108,16 +109,16 @@ def main() -> None:
         "bf16 cache": (lambda: F.scaled_dot_product_attention(q, torch.cat(past_k + [k], 2),
                                                               torch.cat(past_v + [v], 2)), full_k, full_v),
         "nvfp4 dequant": (lambda: F.scaled_dot_product_attention(
-            q, torch.cat([c.dequantize(torch.bfloat16) for c in qk] + [own_k], 2),
+            q, torch.cat([c.dequantize(torch.bfloat16) for c in qk] + [smoothed(k, mean)], 2),
             torch.cat([c.dequantize(torch.bfloat16) for c in qv] + [v], 2)), deq_k, deq_v),
         "nvfp4 window kernel": (lambda: F.scaled_dot_product_attention(
-            q, dequantized_window(qk, own_k), dequantized_window(qv, v)), deq_k, deq_v),
+            q, window(qk, k, mean), window(qv, v)), deq_k, deq_v),
         "nvfp4 fused": (lambda: nvfp4_cache_attention(q, qk, qv, own_k, v), deq_k, deq_v),
         "fp8 dequant": (lambda: F.scaled_dot_product_attention(
-            q, torch.cat([c.dequantize(torch.bfloat16) for c in fk] + [own_k], 2),
+            q, torch.cat([c.dequantize(torch.bfloat16) for c in fk] + [smoothed(k, mean)], 2),
             torch.cat([c.dequantize(torch.bfloat16) for c in fv] + [v], 2)), fp8_k, fp8_v),
         "fp8 window kernel": (lambda: F.scaled_dot_product_attention(
-            q, dequantized_fp8_window(fk, own_k), dequantized_fp8_window(fv, v)), fp8_k, fp8_v),
+            q, window(fk, k, mean), window(fv, v)), fp8_k, fp8_v),
         "int8 qk + bf16 pv": (lambda: attention_8bit(q, full_k, full_v, pv="bf16"), full_k, full_v),
         "int8 qk + fp8 pv": (lambda: attention_8bit(q, full_k, full_v, pv="fp8"), full_k, full_v),
     }
