@@ -72,8 +72,8 @@ if triton is not None:
     from longlive_core.quant.triton_kernels import _f32, _round_bf16, _round_e4m3
 
     @triton.jit
-    def _channel_stats(x_ptr, sum_ptr, min_ptr, max_ptr, H, L, rows_per_split, sxb, sxh, sxl,
-                       D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    def _channel_stats(x_ptr, sum_ptr, min_ptr, max_ptr, H, L, sxb, sxh, sxl,
+                       D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
         bh = tl.program_id(0)
         split = tl.program_id(1)
         base = x_ptr + (bh // H).to(tl.int64) * sxb + (bh % H).to(tl.int64) * sxh
@@ -82,11 +82,9 @@ if triton is not None:
         total = tl.zeros([D_PAD], dtype=tl.float32)
         lo = tl.full([D_PAD], float("inf"), dtype=tl.float32)
         hi = tl.full([D_PAD], float("-inf"), dtype=tl.float32)
-        start = split * rows_per_split
-        stop = tl.minimum(start + rows_per_split, L)
-        for r0 in range(start, stop, BLOCK):
-            rows = r0 + tl.arange(0, BLOCK)
-            valid = (rows < stop)[:, None] & in_d[None, :]
+        for r0 in range(0, ROWS, BLOCK):  # a constant trip count: ROWS tokens from the split's first
+            rows = split * ROWS + r0 + tl.arange(0, BLOCK)
+            valid = (rows < L)[:, None] & in_d[None, :]
             tile = _f32(tl.load(base + rows[:, None].to(tl.int64) * sxl + d[None, :], mask=valid, other=0.0))
             total += tl.sum(tile, axis=0)
             lo = tl.minimum(lo, tl.min(tl.where(valid, tile, float("inf")), axis=0))
@@ -138,8 +136,8 @@ def triton_smoothed_e4m3(x: torch.Tensor, smooth: bool) -> tuple[torch.Tensor, t
     b, h, length, d = x.shape
     splits = max(1, triton.cdiv(length, ROWS_PER_SPLIT))
     stats = torch.empty((3, b * h, splits, d), dtype=torch.float32, device=x.device)
-    _channel_stats[(b * h, splits)](x, stats[0], stats[1], stats[2], h, length, ROWS_PER_SPLIT,
-                                    x.stride(0), x.stride(1), x.stride(2), D=d, D_PAD=_pad(d), BLOCK=BLOCK_L)
+    _channel_stats[(b * h, splits)](x, stats[0], stats[1], stats[2], h, length, x.stride(0), x.stride(1),
+                                    x.stride(2), D=d, D_PAD=_pad(d), BLOCK=BLOCK_L, ROWS=ROWS_PER_SPLIT)
     lo, hi = stats[1].amin(dim=1), stats[2].amax(dim=1)  # (B x H, D)
     if smooth:
         mean = stats[0].sum(dim=1) / length
