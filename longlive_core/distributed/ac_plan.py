@@ -14,9 +14,10 @@ is not saved is recomputed, with whatever unsaved ops it is made from (each op's
 counted ops that made its arguments' storage), and nothing else. Saving an output then spares its
 op and every op recomputed only for it; an op the backward never reads costs nothing either way.
 The plan follows one order built greedily by the time each next output spares per byte given those
-before it (an output may spare nothing alone and much after another), keeping each that still fits;
-it is the fastest of those filled into a fixed set of rooms up to the limit, so again more memory
-never gives a slower plan. The compiler fuses the elementwise ops it recomputes (``OpCost.fusible``)
+before it (an output may spare nothing alone and much after another), keeping each that still fits,
+then swaps a large output passed over for small ones kept where that spares more; it is the fastest
+of those filled into a fixed set of rooms up to the limit, so again more memory never gives a slower
+plan. The compiler fuses the elementwise ops it recomputes (``OpCost.fusible``)
 into a few memory-bound kernels, where eager runs each on its own: they are priced at a share of
 their eager time (``fused_share``, measured from two compiled steps of the block), the matrix
 products and attention at theirs.
@@ -38,11 +39,13 @@ from collections.abc import Mapping
 import numpy as np
 
 GRID = 16384  # the knapsack's units over all candidates at most: each ~0.006% of their bytes
-FILL_ROOMS = 64  # the equal steps of room a compiled plan is also filled into (besides the order's prefixes)
+FILL_ROOMS = 256  # the equal steps of room a compiled plan is also filled into (besides the order's prefixes)
+SWAP_CANDIDATES = 4  # a compiled plan's swaps try the outputs left out that would spare the most time alone
+SWAPS = 4  # swaps per room at most
 # bumped when a profile or plan means something else (5: compiled plans priced fused; 6: a head's copies
 # no longer beside a block's transient; 7: profiled with the caption and modulation needing gradients only
 # where the step's do): cached ones are then not read
-FORMAT = 7
+FORMAT = 8
 
 
 def _ns(seconds: float) -> int:
@@ -220,27 +223,66 @@ def _first_fit(order: list[tuple[str, int]], sizes: list[int], room: int) -> lis
     return taken
 
 
+def _swapped(taken: frozenset[int], sizes: list[int], cost, room: int) -> frozenset[int]:
+    """``taken`` (positions in the greedy order) improved by swaps: one output left out comes in (of the
+    ``SWAP_CANDIDATES`` that would spare the most time alone), the kept ones that spare the least per byte
+    go out until ``room`` holds them again, and the swap stays where the plan then recomputes less; at
+    most ``SWAPS`` times. Filling along the order passes over an output too large for what the outputs
+    before it left, where dropping a few small ones for it spares more: on the H200 profile of the 5B
+    block, the FFN's up-projection (1.5 GB, 6.2 ms a block) at a 65 GiB limit."""
+    for _ in range(SWAPS):
+        now = cost(taken)
+        outside = [p for p in range(len(sizes)) if p not in taken and sizes[p] <= room]
+        outside.sort(key=lambda p: (cost(taken | {p}) - now, p))
+        best = None
+        for p in outside[:SWAP_CANDIDATES]:
+            trial = taken | {p}
+            with_it, used = cost(trial), sum(sizes[i] for i in trial)
+            # out go the kept outputs whose loss costs least a byte, each priced once, until the room holds
+            for q in sorted(taken, key=lambda q: ((cost(trial - {q}) - with_it) / max(sizes[q], 1), q)):
+                if used <= room:
+                    break
+                trial, used = trial - {q}, used - sizes[q]
+            if used <= room and cost(trial) < (now if best is None else cost(best)):
+                best = trial
+        if best is None:
+            break
+        taken = best
+    return taken
+
+
 def _compiled_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], limit: int,
                     shares: Mapping[str, float]) -> dict[str, ACPlan]:
     """Along the greedy order, each output that still fits is kept (one too large for the room left
-    is passed over, not the end of the plan). That alone could give a slower plan for more memory, so
-    the plan is the fastest of those filled into a fixed set of rooms at most ``limit``: every prefix
-    of the order and ``FILL_ROOMS`` equal steps up to all of it (a larger limit only adds rooms)."""
+    is passed over, not the end of the plan), then swaps improve it (``_swapped``). That alone could give
+    a slower plan for more memory, so the plan is the fastest of those filled into a fixed set of rooms
+    at most ``limit``: every prefix of the order and ``FILL_ROOMS`` equal steps up to all of it (a larger
+    limit only adds rooms)."""
     order = _compiled_order(profiles, counts, shares)
     sizes = [profiles[kind].ops[i].bytes * counts[kind] for kind, i in order]
     total = sum(sizes)
     rooms = set(itertools.accumulate(sizes, initial=0)) | {total * j // FILL_ROOMS for j in range(1, FILL_ROOMS + 1)}
+    costs: dict[frozenset[int], int] = {}
 
-    def plan_of(taken: list[int]) -> tuple[int, int, dict[str, set[int]]]:
+    def chosen_of(taken) -> dict[str, set[int]]:
         chosen = {kind: set() for kind in profiles}
         for pos in taken:
             kind, i = order[pos]
             chosen[kind].add(i)
-        cost = sum(counts[k] * _ns(profiles[k].recomputed_s(chosen[k], shares[k])) for k in profiles)
-        return cost, sum(sizes[pos] for pos in taken), chosen
+        return chosen
 
-    best = min((plan_of(_first_fit(order, sizes, room)) for room in sorted(rooms) if room <= limit),
-               key=lambda c: c[:2])
+    def cost(taken: frozenset[int]) -> int:
+        if taken not in costs:
+            chosen = chosen_of(taken)
+            costs[taken] = sum(counts[k] * _ns(profiles[k].recomputed_s(chosen[k], shares[k])) for k in profiles)
+        return costs[taken]
+
+    def plan_of(room: int) -> tuple[int, int, frozenset[int]]:
+        taken = _swapped(frozenset(_first_fit(order, sizes, room)), sizes, cost, room)
+        return cost(taken), sum(sizes[pos] for pos in taken), taken
+
+    best = min((plan_of(room) for room in sorted(rooms) if room <= limit), key=lambda c: c[:2])
+    best = (*best[:2], chosen_of(best[2]))
     plans = {}
     for kind, p in sorted(profiles.items()):
         idx = sorted(best[2][kind])
