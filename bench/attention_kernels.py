@@ -51,11 +51,10 @@ TOKENS_PER_FRAME, HEADS, DIM = 880, 24, 128
 def torch_quantized_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """``attention_cudnn_fp8.quantized_inputs`` by torch's passes (the bench's comparison row)."""
     from longlive_core.infer.attention_cudnn_fp8 import FP8Inputs
-    from longlive_core.infer.attention_fp8_io import per_tensor_e4m3_torch
+    from longlive_core.infer.attention_fp8_io import smoothed_e4m3_torch
 
-    k_mean, v_mean = k.float().mean(dim=2, keepdim=True), v.float().mean(dim=2, keepdim=True)
-    (q8, dq), (k8, dk), (v8, dv) = per_tensor_e4m3_torch(q), per_tensor_e4m3_torch(k, k_mean), \
-        per_tensor_e4m3_torch(v, v_mean)
+    (q8, dq, _), (k8, dk, _), (v8, dv, v_mean) = (smoothed_e4m3_torch(x, smooth) for x, smooth in
+                                                  ((q, False), (k, True), (v, True)))
     return FP8Inputs(q8, k8, v8, dq, dk, dv, v_mean, q.dtype)
 
 

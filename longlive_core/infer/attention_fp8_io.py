@@ -43,14 +43,19 @@ def _on_triton(x: torch.Tensor) -> bool:
     return triton_kernels.available()
 
 
-def smoothed_e4m3(x: torch.Tensor, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def smoothed_e4m3_torch(x: torch.Tensor, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A (B, H, L, D) tensor in E4M3 with one float32 descale, less its mean over L per head and channel
     where ``smooth``: (codes (B, H, L, D) contiguous, descale (1, 1, 1, 1), the float32 mean (B, H, 1, D)
-    or None). On CUDA by Triton, elsewhere by torch."""
-    if _on_triton(x):
-        return triton_smoothed_e4m3(x, smooth)
+    or None), by torch's passes."""
     mean = x.float().mean(dim=2, keepdim=True) if smooth else None
     return (*per_tensor_e4m3_torch(x, mean), mean)
+
+
+def smoothed_e4m3(x: torch.Tensor, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``smoothed_e4m3_torch``'s result; on CUDA from Triton (the means summed in another order)."""
+    if _on_triton(x):
+        return triton_smoothed_e4m3(x, smooth)
+    return smoothed_e4m3_torch(x, smooth)
 
 
 def dequantized_output(o8: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dtype: torch.dtype
@@ -147,7 +152,7 @@ def triton_smoothed_e4m3(x: torch.Tensor, smooth: bool) -> tuple[torch.Tensor, t
         amax = torch.maximum(hi.abs(), lo.abs()).amax()
     descale = (amax / E4M3_MAX).clamp(min=TINY).view(1, 1, 1, 1)
     codes = torch.empty((b, h, length, d), dtype=torch.float8_e4m3fn, device=x.device)
-    _quantize_shifted[(b * h, triton.cdiv(length, BLOCK_L))](
+    _quantize_shifted[(b * h, triton.cdiv(length, BLOCK_L))](  # unsmoothed, the mean's pointer is never read
         x, mean if smooth else descale, descale, codes, h, length, x.stride(0), x.stride(1), x.stride(2),
         D=d, D_PAD=_pad(d), BLOCK=BLOCK_L, SMOOTH=smooth)
     return codes, descale, None if mean is None else mean.view(b, h, 1, d)
