@@ -74,7 +74,7 @@ except ImportError:  # the torch path above needs no Triton
     triton = None
 
 if triton is not None:
-    from longlive_core.quant.triton_kernels import _f32, _round_bf16, _round_e4m3
+    from longlive_core.quant.triton_kernels import _HW_ROUND, _f32, _round_bf16, _round_e4m3
 
     @triton.jit
     def _channel_stats(x_ptr, sum_ptr, min_ptr, max_ptr, H, L, sxb, sxh, sxl,
@@ -110,10 +110,12 @@ if triton is not None:
         x = _f32(tl.load(base + rows[:, None].to(tl.int64) * sxl + d[None, :], mask=valid, other=0.0))
         if SMOOTH:
             x = x - tl.load(mean_ptr + bh * D + d, mask=d < D, other=0.0)[None, :]
-        q = tl.math.div_rn(x, tl.load(descale_ptr))
-        a = _round_e4m3(tl.minimum(tl.abs(q), 448.0))  # rounded here: the interpreter's cast truncates
+        q = tl.minimum(tl.maximum(tl.math.div_rn(x, tl.load(descale_ptr)), -448.0), 448.0)
+        if not _HW_ROUND:  # rounded here: the interpreter's cast truncates. A product, not Triton's unary
+            # minus (0 - x): a negative value that rounds to zero keeps its sign, as torch's cast and the GPU's do
+            q = tl.where(q < 0, -1.0, 1.0) * _round_e4m3(tl.abs(q))
         out = (bh.to(tl.int64) * L + rows[:, None]) * D + d[None, :]
-        tl.store(q_ptr + out, tl.where(q < 0, -a, a).to(tl.float8e4nv), mask=valid)
+        tl.store(q_ptr + out, q.to(tl.float8e4nv), mask=valid)
 
     @triton.jit
     def _dequantize(o_ptr, scale_ptr, offset_ptr, out_ptr, L, D: tl.constexpr, D_PAD: tl.constexpr,
