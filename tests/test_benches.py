@@ -32,6 +32,7 @@ def test_the_product_bench_makes_its_folders_and_reports_each_row(tmp_path):
                            str(rows), "--profile-chunks", "2"], check=True, env=env, cwd=tmp_path, capture_output=True,
                           text=True)
     assert proc.stdout.count("# profile: ") == 2 and proc.stdout.count("  kernels: ") == 2  # one a row
+    assert proc.stdout.count("warm-up again: ") == 1  # the bf16 row's cache is new to the process
     got = [json.loads(line) for line in rows.read_text().splitlines()]
     assert [(r["kv"], r["steps"], r.get("warmup", False)) for r in got] == [("nvfp4", 4, True), ("nvfp4", 4, False),
                                                                              ("bf16", 2, False)]
