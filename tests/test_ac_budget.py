@@ -494,6 +494,33 @@ def test_plans_are_sized_by_what_the_compiled_step_was_measured_to_keep(ratio):
         assert 0 < chosen.plans["a"].saved_bytes < eager["a"].saved_bytes
 
 
+@pytest.mark.parametrize("transient_with_big", [100, 300])
+def test_a_plan_that_keeps_more_is_tried_where_its_smaller_transient_lets_it_fit(transient_with_big):
+    """Keeping the big output spares the backward its recomputation (transient 1200 without it): the
+    rounds, sized by each plan's own transient, settle on the small outputs; the reach past them tries
+    the room the least transient leaves, and keeps it only where its measured peak holds."""
+    ops = (*(OpCost(f"op#{i}", 100, 1e-3, True) for i in range(5)), OpCost("big#0", 1000, 5e-3, True))
+    profile = BlockProfile(ops, 0.1, 1, 1, "cpu")
+    by_id = {op.id: op for op in ops}
+
+    def measure(kind, saved):
+        return sum(by_id[i].bytes for i in saved), transient_with_big if "big#0" in saved else 1200, 1.0
+
+    limit = 1650
+    chosen = measured_plans({"a": profile}, {"a": 1}, 0, limit, measure)
+    assert chosen.peak(0) <= limit
+    rounds_only = measured_plans({"a": profile}, {"a": 1}, 0, limit, measure, reach=0)
+    assert "big#0" not in rounds_only.plans["a"].saved and len(rounds_only.plans["a"].saved) == 4
+    if transient_with_big == 100:  # 1,500 kept + 100 fits: every output kept
+        assert set(chosen.plans["a"].saved) == set(by_id)
+    else:  # 1,500 + 300 does not; the bisection's smaller room keeps the big output and three small ones
+        assert "big#0" in chosen.plans["a"].saved and chosen.kept_bytes + 300 <= limit
+        assert chosen.plans["a"].recompute_s < rounds_only.plans["a"].recompute_s
+    # the big output alone and its transient overshoot, and the small ones leave the 1,200: nothing fits,
+    # and no reach over the limit is kept
+    assert measured_plans({"a": profile}, {"a": 1}, 0, 1000 + transient_with_big - 1, measure).plans["a"].saved == ()
+
+
 def test_with_nothing_within_the_limit_nothing_is_kept():
     profile = BlockProfile((OpCost("op#0", 100, 1e-3, True),), 0.1, 1, 1, "cpu")
     chosen = measured_plans({"a": profile}, {"a": 2}, 1000, 1200, lambda kind, saved: (400 * len(saved), 300, 1.0))

@@ -306,7 +306,7 @@ class MeasuredPlan:
 
 
 def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], static: int, limit: int,
-                   measure, rounds: int = 3, least_transient: int = 0) -> MeasuredPlan:
+                   measure, rounds: int = 3, least_transient: int = 0, reach: int = 2) -> MeasuredPlan:
     """The plans under ``limit`` as the compiled step holds them: ``measure(kind, saved)`` gives what a
     compiled block of ``kind`` keeps, what its backward adds at once and the seconds its forward and
     backward take, with the outputs ``saved`` names kept (``ac_profile.compiled_block_trial``);
@@ -316,7 +316,10 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     every output kept (``BlockProfile.fused_share``), the rest at their eager time; the plans' bytes
     at the eager profile's. Each round scales the room they get by what the last plan measured against
     what it planned, and the plan kept is the one that spares the most recomputation among those
-    measured within the limit (nothing saved when none is)."""
+    measured within the limit (nothing saved when none is). The rounds size each room by the last
+    plan's own transient, and a plan that keeps more leaves its backward less to redo at once: a
+    larger room can fit where they predicted it would not. So ``reach`` trials more bisect between the
+    best room and the one the least transient measured (every output kept) would leave."""
     floor = {kind: measure(kind, ()) for kind in profiles}  # nothing saved: full's floor
     every = {kind: measure(kind, tuple(op.id for op in p.ops if op.savable and op.bytes > 0))
              for kind, p in profiles.items()}
@@ -331,22 +334,40 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     def spared(m: MeasuredPlan) -> float:
         return sum(counts[k] * (p.forward_s - p.recompute_s) for k, p in m.plans.items())
 
+    def planned(m: MeasuredPlan) -> int:
+        return sum(counts[k] * p.saved_bytes for k, p in m.plans.items())
+
     best = measured(plan_blocks(profiles, counts, 0, compiled=True, fused_shares=shares), floor)
-    room = limit - best.peak(static)
+    best_room, room = 0, limit - best.peak(static)
     for _ in range(rounds):
         if room <= 0:
             break
         trial = measured(plan_blocks(profiles, counts, room, compiled=True, fused_shares=shares))
         if trial.peak(static) <= limit and spared(trial) > spared(best):
-            best = trial
-        planned = sum(counts[k] * p.saved_bytes for k, p in trial.plans.items())
-        if trial.kept_bytes <= 0 or planned <= 0:
+            best, best_room = trial, room
+        if trial.kept_bytes <= 0 or planned(trial) <= 0:
             break
         # the bytes the limit leaves above this plan's own transient, at the eager-to-measured ratio
-        grown = int((limit - static - trial.transient_bytes) * planned / trial.kept_bytes)
+        grown = int((limit - static - trial.transient_bytes) * planned(trial) / trial.kept_bytes)
         if grown == room:
             break
         room = grown
+    if best.kept_bytes <= 0 or planned(best) <= 0:
+        return best
+    least = max(least_transient, *(every[kind][1] for kind in profiles))
+    high = room = int((limit - static - least) * planned(best) / best.kept_bytes)
+    low = best_room
+    for _ in range(reach):
+        if room <= low:
+            break
+        trial = measured(plan_blocks(profiles, counts, room, compiled=True, fused_shares=shares))
+        if trial.peak(static) <= limit:
+            if spared(trial) > spared(best):
+                best = trial
+            low = room
+        else:
+            high = room
+        room = (low + high) // 2
     return best
 
 
