@@ -44,8 +44,9 @@ SWAP_CANDIDATES = 4  # a compiled plan's swaps try the outputs left out that wou
 SWAPS = 4  # swaps per room at most
 # bumped when a profile or plan means something else (5: compiled plans priced fused; 6: a head's copies
 # no longer beside a block's transient; 7: profiled with the caption and modulation needing gradients only
-# where the step's do): cached ones are then not read
-FORMAT = 8
+# where the step's do; 8: compiled plans swap; 9: measured plans reach past the rounds): cached ones are
+# then not read
+FORMAT = 9
 
 
 def _ns(seconds: float) -> int:
