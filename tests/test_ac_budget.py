@@ -511,14 +511,36 @@ def test_a_plan_that_keeps_more_is_tried_where_its_smaller_transient_lets_it_fit
     assert chosen.peak(0) <= limit
     rounds_only = measured_plans({"a": profile}, {"a": 1}, 0, limit, measure, reach=0)
     assert "big#0" not in rounds_only.plans["a"].saved and len(rounds_only.plans["a"].saved) == 4
+    # each plan measured on the way is recorded: the rounds' one, then the reach's
+    assert [t["room"] for t in rounds_only.room_trials] == [450] and chosen.room_trials[0]["kept"] == 400
+    assert [t["within"] for t in chosen.room_trials] == [True, True]
     if transient_with_big == 100:  # 1,500 kept + 100 fits: every output kept
         assert set(chosen.plans["a"].saved) == set(by_id)
-    else:  # 1,500 + 300 does not; the bisection's smaller room keeps the big output and three small ones
+    else:  # 1,500 + 300 would not; the room that 300 leaves keeps the big output and three small ones
         assert "big#0" in chosen.plans["a"].saved and chosen.kept_bytes + 300 <= limit
         assert chosen.plans["a"].recompute_s < rounds_only.plans["a"].recompute_s
     # the big output alone and its transient overshoot, and the small ones leave the 1,200: nothing fits,
     # and no reach over the limit is kept
     assert measured_plans({"a": profile}, {"a": 1}, 0, 1000 + transient_with_big - 1, measure).plans["a"].saved == ()
+
+
+def test_a_reach_that_overshoots_bisects_and_is_never_kept():
+    """Every output kept measures the least transient (50), but the plan for the room it leaves does
+    not keep the slow output, so its transient is 300 and its peak overshoots: the next trial takes the
+    midpoint, which overshoots too, and the rounds' plan stays."""
+    ops = (*(OpCost(f"op#{i}", 100, 1e-3, True) for i in range(5)), OpCost("big#0", 1000, 5e-3, True),
+           OpCost("slow#0", 2000, 1e-6, True))
+    by_id = {op.id: op for op in ops}
+
+    def measure(kind, saved):
+        transient = 50 if len(saved) == len(ops) else 300 if "big#0" in saved else 1200
+        return sum(by_id[i].bytes for i in saved), transient, 1.0
+
+    chosen = measured_plans({"a": BlockProfile(ops, 0.1, 1, 1, "cpu")}, {"a": 1}, 0, 1650, measure)
+    assert [t["within"] for t in chosen.room_trials] == [True, False, False]
+    assert [t["room"] for t in chosen.room_trials[1:]] == [1600, (450 + 1600) // 2]
+    saved = chosen.plans["a"].saved
+    assert len(saved) == 4 and all(i.startswith("op#") for i in saved) and chosen.peak(0) == 1600
 
 
 def test_with_nothing_within_the_limit_nothing_is_kept():

@@ -301,6 +301,9 @@ class MeasuredPlan:
     fused_shares: dict[str, float] = dataclasses.field(default_factory=dict)  # each kind's, as measured
     # each kind's (nothing kept, every output kept) trial seconds the share comes from: its noise is theirs
     share_trials: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    # every plan measured on the way, in order: the room it was planned for, what it kept, its transient,
+    # its predicted recomputation and whether its peak held (which room a run settled on, and why)
+    room_trials: tuple[dict, ...] = ()
 
     def peak(self, static: int) -> int:
         return static + self.kept_bytes + self.transient_bytes
@@ -338,12 +341,21 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     def planned(m: MeasuredPlan) -> int:
         return sum(counts[k] * p.saved_bytes for k, p in m.plans.items())
 
+    history: list[dict] = []
+
+    def tried(room: int) -> MeasuredPlan:
+        m = measured(plan_blocks(profiles, counts, room, compiled=True, fused_shares=shares))
+        history.append({"room": room, "kept": m.kept_bytes, "transient": m.transient_bytes,
+                        "recompute_s": sum(counts[k] * p.recompute_s for k, p in m.plans.items()),
+                        "within": m.peak(static) <= limit})
+        return m
+
     best = measured(plan_blocks(profiles, counts, 0, compiled=True, fused_shares=shares), floor)
     best_room, room = 0, limit - best.peak(static)
     for _ in range(rounds):
         if room <= 0:
             break
-        trial = measured(plan_blocks(profiles, counts, room, compiled=True, fused_shares=shares))
+        trial = tried(room)
         if trial.peak(static) <= limit and spared(trial) > spared(best):
             best, best_room = trial, room
         if trial.kept_bytes <= 0 or planned(trial) <= 0:
@@ -354,14 +366,14 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
             break
         room = grown
     if best.kept_bytes <= 0 or planned(best) <= 0:
-        return best
+        return dataclasses.replace(best, room_trials=tuple(history))
     least = max(least_transient, *(every[kind][1] for kind in profiles))
     high = room = int((limit - static - least) * planned(best) / best.kept_bytes)
     low = best_room
     for _ in range(reach):
         if room <= low:
             break
-        trial = measured(plan_blocks(profiles, counts, room, compiled=True, fused_shares=shares))
+        trial = tried(room)
         if trial.peak(static) <= limit:
             if spared(trial) > spared(best):
                 best = trial
@@ -369,7 +381,7 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
         else:
             high = room
         room = (low + high) // 2
-    return best
+    return dataclasses.replace(best, room_trials=tuple(history))
 
 
 def _best(weights: list[int], values: list[int], limit: int) -> set[int]:

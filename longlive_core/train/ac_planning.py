@@ -180,18 +180,20 @@ def forked_rng(device: torch.device):
 
 def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], counts: dict[str, int],
                parts: dict[str, int], kept: int, absorbed: int = 0, fused_shares: dict[str, float] | None = None,
-               share_trials: dict[str, tuple[float, float]] | None = None) -> dict:
+               share_trials: dict[str, tuple[float, float]] | None = None, room_trials: tuple[dict, ...] = ()) -> dict:
     """What a plan cache entry and MLflow hold of one planned shape: the profiles, the plans, the
     floor (what a ``full`` step holds: ``parts`` summed) and what the plans keep above it, with
     ``counts`` blocks of each kind running the shape once each. ``absorbed``: the floor's bytes that
     kept bytes take the place of (gradients made as kept outputs are freed): the peak grows by what
     is kept beyond them. ``fused_shares``: what compiled recomputation of fusible ops was measured to
     cost, per kind, as a share of their eager time, from ``share_trials``: a compiled block's seconds with
-    nothing and with every output kept."""
+    nothing and with every output kept. ``room_trials``: the plans measured on the way
+    (``MeasuredPlan.room_trials``)."""
     floor = sum(parts.values())
     return {"profiles": {k: p.to_json() for k, p in profiles.items()}, "fused_shares": fused_shares or {},
             "share_trials": {k: {"nothing_kept_s": a, "everything_kept_s": b}
                              for k, (a, b) in (share_trials or {}).items()},
+            "room_trials": list(room_trials),
             "plans": {k: p.to_json() for k, p in plans.items()},
             "floor": floor, "floor_parts": parts, "kept": kept, "predicted_peak": floor + max(0, kept - absorbed),
             "planned_kept": sum(counts[k] * plans[k].saved_bytes for k in plans),
@@ -306,14 +308,15 @@ class WindowPlanner:
                 chosen = measured_plans(profiles, counts, static, self.limit, measure,
                                         least_transient=outside.head_bytes)
                 plans, kept, transient = chosen.plans, chosen.kept_bytes, chosen.transient_bytes
-                shares, trials = chosen.fused_shares, chosen.share_trials
+                shares, trials, rooms = chosen.fused_shares, chosen.share_trials, chosen.room_trials
             else:
                 shares = trials = None
+                rooms = ()
                 transient = outside.transient(max(p.transient_bytes for p in profiles.values()))
                 plans = plan_blocks(profiles, counts, self.limit - static - transient)
                 kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
         parts["transient"] = transient
-        entry = plan_entry(profiles, plans, counts, parts, kept, absorbed, shares, trials)
+        entry = plan_entry(profiles, plans, counts, parts, kept, absorbed, shares, trials, rooms)
         if self.rank == 0:
             self.cache.put(key, entry)
         return entry
