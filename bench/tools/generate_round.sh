@@ -14,7 +14,8 @@
 #   bash bench/tools/generate_round.sh dmd                   # ~6 min: distill_dmd's budget plans against full and none
 #   bash bench/tools/generate_round.sh dmd_memory            # ~2 min: what distill_dmd's full iteration holds at its peak
 #   bash bench/tools/generate_round.sh vae_profile           # ~3 min: where the compiled decoder's time goes
-#   bash bench/tools/generate_round.sh vae_calls vae_bm      # ~9 min: frames per decoder call, cuDNN's autotuner
+#   bash bench/tools/generate_round.sh vae_calls             # over 7 min (3 compiled variants): one call alone
+#   bash bench/tools/generate_round.sh vae_bm                # ~5 min: cuDNN's autotuner (2 compiled variants)
 #   bash bench/tools/generate_round.sh memory                # ~4 min: what the step's peak holds (NVFP4 full against budget)
 # $OUT returns at most 8 files: tar what a call writes (ac-plans/ holds one file per plan)
 set -u
