@@ -28,8 +28,9 @@ Emulated in float32 on the CPU against float64 attention (two heads of 128, 512 
 N(0, 1) with a per-channel key offset): relative L2 error 6.0% (Q K^T in E4M3 alone 4.7%, P 2.6%, V and
 O 2.6% each; 7.9% without K-smoothing); queries 3x sharper 10%.
 
-Graphs are built once per (shapes, strides, device) and kept in a bounded LRU. Not used by ``longlive
-generate``; bench/attention_kernels.py has its speed, bench/fp8_attention_layers.py its error per layer.
+Graphs are built once per (shapes, strides, device) and kept in a bounded LRU. ``longlive generate``
+uses it with ``generate.attention: fp8`` (the KV cache's ``attention``); bench/attention_kernels.py has
+its speed, bench/generate_product.py the loop's, bench/fp8_attention_layers.py its error per layer.
 """
 from __future__ import annotations
 
