@@ -251,7 +251,7 @@ def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]]
         side = generator.generate(root / "warmup.txt", root / "warmup.mp4", rows[0][1], on_frame=stamp)
         results.append(row_of(side, model, precision, warmup=True, first_frame_from_process_s=first[0] - started))
         report(results[-1], out)
-        warmed = {rows[0][::2]}
+        warmed = {(rows[0][0], rows[0][2])}  # (KV format, attention) run so far
         for kv, steps, attention in rows:
             settings = production_generate({**base, "kv": kv, "attention": attention})
             if (kv, attention) not in warmed:  # a row's first kernels (Triton's, cuDNN's graphs) stay out of its video
