@@ -503,19 +503,24 @@ def test_a_plan_that_keeps_more_is_tried_where_its_smaller_transient_lets_it_fit
     profile = BlockProfile(ops, 0.1, 1, 1, "cpu")
     by_id = {op.id: op for op in ops}
 
+    calls = []
+
     def measure(kind, saved):
+        calls.append(frozenset(saved))
         return sum(by_id[i].bytes for i in saved), transient_with_big if "big#0" in saved else 1200, 1.0
 
     limit = 1650
     chosen = measured_plans({"a": profile}, {"a": 1}, 0, limit, measure)
     assert chosen.peak(0) <= limit
+    assert len(calls) == len(set(calls))  # no saved set is compiled and measured twice
     rounds_only = measured_plans({"a": profile}, {"a": 1}, 0, limit, measure, reach=0)
     assert "big#0" not in rounds_only.plans["a"].saved and len(rounds_only.plans["a"].saved) == 4
     # each plan measured on the way is recorded: the rounds' one, then the reach's
     assert [t["room"] for t in rounds_only.room_trials] == [450] and chosen.room_trials[0]["kept"] == 400
     assert [t["within"] for t in chosen.room_trials] == [True, True]
-    if transient_with_big == 100:  # 1,500 kept + 100 fits: every output kept
+    if transient_with_big == 100:  # 1,500 kept + 100 fits: every output kept, measured before the rounds
         assert set(chosen.plans["a"].saved) == set(by_id)
+        assert [t["compiled_trials"] for t in chosen.room_trials] == [1, 0]
     else:  # 1,500 + 300 would not; the room that 300 leaves keeps the big output and three small ones
         assert "big#0" in chosen.plans["a"].saved and chosen.kept_bytes + 300 <= limit
         assert chosen.plans["a"].recompute_s < rounds_only.plans["a"].recompute_s

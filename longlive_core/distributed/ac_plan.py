@@ -302,7 +302,8 @@ class MeasuredPlan:
     # each kind's (nothing kept, every output kept) trial seconds the share comes from: its noise is theirs
     share_trials: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     # every plan measured on the way, in order: the room it was planned for, what it kept, its transient,
-    # its predicted recomputation and whether its peak held (which room a run settled on, and why)
+    # its predicted recomputation, whether its peak held (which room a run settled on, and why) and the
+    # compiled trials it cost (0 where every kind's plan was measured before)
     room_trials: tuple[dict, ...] = ()
 
     def peak(self, static: int) -> int:
@@ -323,14 +324,22 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     measured within the limit (nothing saved when none is). The rounds size each room by the last
     plan's own transient, and a plan that keeps more leaves its backward less to redo at once: a
     larger room can fit where they predicted it would not. So ``reach`` trials more bisect between the
-    best room and the one the least transient measured (every output kept) would leave."""
-    floor = {kind: measure(kind, ()) for kind in profiles}  # nothing saved: full's floor
-    every = {kind: measure(kind, tuple(op.id for op in p.ops if op.savable and op.bytes > 0))
+    best room and the one the least transient measured (every output kept) would leave. A kind's saved
+    set is measured once: a room whose plan was measured before costs no compiled trial."""
+    trials: dict[tuple[str, tuple[str, ...]], tuple] = {}  # (kind, saved) -> its measurement, taken once
+
+    def once(kind: str, saved: tuple[str, ...]) -> tuple:
+        if (kind, saved) not in trials:
+            trials[kind, saved] = measure(kind, saved)
+        return trials[kind, saved]
+
+    floor = {kind: once(kind, ()) for kind in profiles}  # nothing saved: full's floor
+    every = {kind: once(kind, tuple(op.id for op in p.ops if op.savable and op.bytes > 0))
              for kind, p in profiles.items()}
     shares = {kind: profiles[kind].fused_share(floor[kind][2], every[kind][2]) for kind in profiles}
 
     def measured(plans: dict[str, ACPlan], real: dict | None = None) -> MeasuredPlan:
-        real = real or {kind: measure(kind, plans[kind].saved) for kind in plans}
+        real = real or {kind: once(kind, plans[kind].saved) for kind in plans}
         return MeasuredPlan(plans, sum(counts[k] * real[k][0] for k in real),
                             max(least_transient, *(r[1] for r in real.values())), shares,
                             {kind: (floor[kind][2], every[kind][2]) for kind in profiles})
@@ -344,10 +353,11 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     history: list[dict] = []
 
     def tried(room: int) -> MeasuredPlan:
+        before = len(trials)
         m = measured(plan_blocks(profiles, counts, room, compiled=True, fused_shares=shares))
         history.append({"room": room, "kept": m.kept_bytes, "transient": m.transient_bytes,
                         "recompute_s": sum(counts[k] * p.recompute_s for k, p in m.plans.items()),
-                        "within": m.peak(static) <= limit})
+                        "within": m.peak(static) <= limit, "compiled_trials": len(trials) - before})
         return m
 
     best = measured(plan_blocks(profiles, counts, 0, compiled=True, fused_shares=shares), floor)
