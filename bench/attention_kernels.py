@@ -8,8 +8,10 @@ At the 5B's heads (24 x 128), 704x1280 (880 tokens per latent frame), the paper'
 frames in all: ``--frames - --chunk`` cached, the chunk's own 8 appended): queries are one chunk, keys
 N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the GPU. Rows:
 
-- ``bf16 cache`` what the BF16 cache runs: the cached chunks and the chunk's own keys concatenated,
-  then SDPA (flash);
+- ``bf16 cache`` what the BF16 cache runs (``kv_cache.PlainWindow``): the chunk's own keys copied into
+  the room after the cached ones in the layer's buffer, then SDPA over the buffer's view;
+- ``bf16 concatenated`` what it ran before: the cached chunks and the chunk's own keys concatenated,
+  then SDPA;
 - ``sdpa only`` the same SDPA on already concatenated keys (the kernel's own time);
 - ``nvfp4 dequant`` the NVFP4 cache read by torch: every cached chunk dequantized to bf16, the chunk's
   own keys less the K-smoothing mean (``kv_attention.smoothed``), concatenated, SDPA;
@@ -75,6 +77,7 @@ def main() -> None:
     from longlive_core.infer import attention_cudnn_fp8
     from longlive_core.infer.attention_8bit import attention_8bit
     from longlive_core.infer.kv_attention import nvfp4_cache_attention, smoothed, window
+    from longlive_core.infer.kv_cache import PlainWindow
     from longlive_core.infer.kv_quant import FP8Chunk, QuantizedChunk
 
     dev = torch.device("cpu" if args.tiny else "cuda")
@@ -96,6 +99,8 @@ def main() -> None:
     qv = [QuantizedChunk.of(c) for c in past_v]
     own_k = (k.float() - mean).to(torch.bfloat16)
     full_k, full_v = torch.cat(past_k + [k], dim=2), torch.cat(past_v + [v], dim=2)
+    # the BF16 cache's buffers: the cached rows, room for the chunk's own after them
+    room_k, room_v = PlainWindow(full_k.clone(), n - m), PlainWindow(full_v.clone(), n - m)
     deq_k = torch.cat([c.dequantize(torch.bfloat16) for c in qk] + [own_k], dim=2)
     deq_v = torch.cat([c.dequantize(torch.bfloat16) for c in qv] + [v], dim=2)
     fk = [FP8Chunk.of((c.float() - mean).to(torch.bfloat16)) for c in past_k]
@@ -105,8 +110,10 @@ def main() -> None:
 
     rows = {
         "sdpa only": (lambda: F.scaled_dot_product_attention(q, full_k, full_v), full_k, full_v),
-        "bf16 cache": (lambda: F.scaled_dot_product_attention(q, torch.cat(past_k + [k], 2),
-                                                              torch.cat(past_v + [v], 2)), full_k, full_v),
+        "bf16 cache": (lambda: F.scaled_dot_product_attention(q, room_k.with_own(k), room_v.with_own(v)),
+                       full_k, full_v),
+        "bf16 concatenated": (lambda: F.scaled_dot_product_attention(q, torch.cat(past_k + [k], 2),
+                                                                     torch.cat(past_v + [v], 2)), full_k, full_v),
         "nvfp4 dequant": (lambda: F.scaled_dot_product_attention(
             q, torch.cat([c.dequantize(torch.bfloat16) for c in qk] + [smoothed(k, mean)], 2),
             torch.cat([c.dequantize(torch.bfloat16) for c in qv] + [v], 2)), deq_k, deq_v),

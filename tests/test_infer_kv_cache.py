@@ -90,3 +90,70 @@ def test_each_chunk_reads_the_window_its_own_frames_and_sinks_included():
     assert read[7] == [0, 1, 10, 11, 12, 13, 14, 15]  # shot 1's sink is 12, 13
     assert read[8] == [0, 1, 12, 13, 14, 15, 16, 17]
     assert max(len(r) for r in read) == 8
+
+
+def _sdpa(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("window", [6, None])
+def test_a_bf16_cache_reads_its_buffer_in_place_and_an_older_window_reads_what_it_read(window):
+    """Each read attends over [cache; own] without copying the cache: the chunk's own rows go into the
+    room after the held ones (the view shares the buffer), with the output of attention over the
+    concatenation. A window held from before later writes (activation checkpointing's recomputation
+    of a denoising pass) reads the same rows as before and leaves the cache as it is, and a read that
+    gradients flow through concatenates."""
+    torch.manual_seed(0)
+    cache = KVCache(1, 3, window=window)
+    held_k = held_v = torch.empty(1, 2, 0, 8)
+    for c in range(5):
+        noisy = [torch.randn(1, 2, 6, 8) for _ in range(3)]  # a denoising pass: it reads, writes nothing
+        attn = cache.for_layer(0)
+        out = attn(*noisy, None)
+        assert torch.equal(out, _sdpa(noisy[0], torch.cat([held_k, noisy[1]], 2), torch.cat([held_v, noisy[2]], 2)))
+        if c == 3:
+            old, old_noisy, old_out = attn, noisy, out
+        if c and window is not None:  # a view of the buffer (with no window the buffer doubles as it
+            # fills, and a read it has no room for concatenates)
+            past = attn.past_k[0]
+            assert past.fits(noisy[1])
+            assert past.with_own(noisy[1]).untyped_storage().data_ptr() == past.rows.untyped_storage().data_ptr()
+        q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
+        with cache.write(2):  # the clean chunk at t = 0: read, then written
+            out = cache.for_layer(0)(q, k, v, None)
+        assert torch.equal(out, _sdpa(q, torch.cat([held_k, k], 2), torch.cat([held_v, v], 2)))
+        held_k, held_v = torch.cat([held_k, k], 2), torch.cat([held_v, v], 2)
+        if window is not None:
+            held_k, held_v = held_k[:, :, -(window - 2) * 3:], held_v[:, :, -(window - 2) * 3:]
+        assert torch.equal(cache.keys[0][0].data, held_k) and torch.equal(cache.values[0][0].data, held_v)
+    # chunk 3's denoising pass, two writes later: the rows it read, and the cache untouched
+    assert torch.equal(old(*old_noisy, None), old_out)
+    assert torch.equal(cache.keys[0][0].data, held_k) and torch.equal(cache.values[0][0].data, held_v)
+    # gradients through the queries alone, or the chunk's own keys: concatenated (the backward keeps the
+    # keys and values it read), so a later read's use of the room leaves them as they were
+    for grad in ("q", "k"):
+        q, k, v = (torch.randn(1, 2, 6, 8, requires_grad=name == grad) for name in "qkv")
+        out = cache.for_layer(0)(q, k, v, None)
+        with torch.no_grad():
+            cache.for_layer(0)(*(torch.randn(1, 2, 6, 8) for _ in range(3)), None)
+        out.sum().backward()
+        assert (q if grad == "q" else k).grad is not None and torch.equal(cache.keys[0][0].data, held_k)
+
+
+@pytest.mark.parametrize("quant", [None, KVQuantConfig(smooth_keys=False)])
+def test_a_write_pass_must_append_the_chunk_once_in_every_layer(quant):
+    cache = KVCache(2, 1, window=8, quant=quant)
+    x = torch.zeros(1, 1, CHUNK, 16)
+    for _ in range(2):  # a full pass, then one more so each layer holds something
+        with cache.write(CHUNK):
+            for layer in range(2):
+                cache.for_layer(layer)(x, x, x, None)
+    with pytest.raises(RuntimeError, match=r"every layer once; the layers ran \[1, 0\] times"), cache.write(CHUNK):
+        cache.for_layer(0)(x, x, x, None)
+    cache = KVCache(2, 1, window=8, quant=quant)
+    with pytest.raises(RuntimeError, match="layer 0 ran twice"), cache.write(CHUNK):
+        cache.for_layer(0)(x, x, x, None)
+        cache.for_layer(0)(x, x, x, None)
+    cache = KVCache(2, 1, window=8, quant=quant)
+    with pytest.raises(ValueError, match="appends 2 tokens a layer; layer 0 got 3"), cache.write(CHUNK):
+        cache.for_layer(0)(torch.zeros(1, 1, 3, 16), torch.zeros(1, 1, 3, 16), torch.zeros(1, 1, 3, 16), None)

@@ -13,9 +13,11 @@ go, except the two sinks (REFERENCE.md §1): the global sink, the first ``global
 and the shot sink, the first ``shot_frames`` of the current shot. The sinks are spans (start, length)
 over the frames the cache holds, not copies: a new shot (``start_shot``) moves the shot sink's start
 to where the shot's first frame will be written, and the previous shot's sink frames age out like
-any other. Keys and values may be held in NVFP4 or FP8 (``kv_quant.py``), dequantized to the compute
-dtype for each read (on a GPU by Triton launches that write the window once: ``kv_attention.window``)
-and attended by SDPA. (Dequantizing inside the attention kernel instead,
+any other. Keys and values as computed sit in one buffer a layer with room for a chunk after the
+window (``PlainWindow``: a read copies only the chunk's own rows, at the cost of that room's memory,
+a chunk's keys and values in every layer). They may be held in NVFP4 or FP8 (``kv_quant.py``),
+dequantized to the compute dtype for each read (on a GPU by Triton launches that write the window
+once: ``kv_attention.window``) and attended by SDPA. (Dequantizing inside the attention kernel instead,
 ``kv_attention.nvfp4_cache_attention``, measured 3.9x slower than this on the H200: every query tile
 decodes the whole window again; bench/RESULTS.md.)
 """
@@ -52,24 +54,66 @@ class Span:
 
 
 @dataclasses.dataclass(frozen=True)
-class PlainChunk:
-    """Written keys or values of one layer, (B, H, T, D), as computed."""
-    data: torch.Tensor
+class PlainWindow:
+    """One layer's cached keys or values as computed, (B, H, T, D): the first ``tokens`` rows of
+    ``rows``, a buffer with room after them for a chunk's own. A read that carries no gradient copies
+    the chunk's own rows into that room and attends over one view of the buffer, where concatenating
+    [cache; own] would copy the whole window for every pass of every layer. Rows below ``tokens`` are
+    never written again: a write pass that drops frames fills a new buffer, so an attention that holds
+    an older window (activation checkpointing's recomputation) reads what it read before."""
+    rows: torch.Tensor
+    tokens: int
+    data: torch.Tensor = dataclasses.field(init=False, repr=False)  # the held rows, a view made once
 
-    @property
-    def tokens(self) -> int:
-        return self.data.shape[2]
+    def __post_init__(self):
+        object.__setattr__(self, "data", self.rows[:, :, :self.tokens])
 
     @property
     def nbytes(self) -> int:
+        """The held rows' bytes (the room after them is not counted)."""
         return self.data.numel() * self.data.element_size()
-
-    def slice(self, lo: int, hi: int) -> PlainChunk:
-        part = self.data[:, :, lo:hi]
-        return self if hi - lo == self.tokens else PlainChunk(part.clone())  # a view would pin the whole chunk
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         return self.data.to(dtype)
+
+    def fits(self, own: torch.Tensor) -> bool:
+        """Whether ``own`` can follow the held rows in the buffer, as they are (the same dtype and device)."""
+        return (own.dtype == self.rows.dtype and own.device == self.rows.device
+                and own.shape[:2] == self.rows.shape[:2] and own.shape[3] == self.rows.shape[3]
+                and self.tokens + own.shape[2] <= self.rows.shape[2])
+
+    def with_own(self, own: torch.Tensor) -> torch.Tensor:
+        """[the held rows; ``own``] along the tokens: ``own`` copied into the room, the buffer's view
+        returned (``fits`` first)."""
+        end = self.tokens + own.shape[2]
+        self.rows[:, :, self.tokens:end].copy_(own)
+        return self.rows[:, :, :end]
+
+
+def appended(held: list[PlainWindow], new: torch.Tensor, ranges: list[tuple[int, int]],
+             capacity: int | None) -> list[PlainWindow]:
+    """The token ``ranges`` of [``held``; ``new``] as one ``PlainWindow``: in place where nothing is
+    dropped and ``new`` fits the room, else in a new buffer of ``capacity`` tokens (None: twice what it
+    holds), the kept ranges copied once."""
+    old = held[0] if held else None
+    total = (old.tokens if old else 0) + new.shape[2]
+    if old is not None and ranges == [(0, total)] and old.fits(new):
+        old.with_own(new)
+        return [PlainWindow(old.rows, total)]
+    kept = sum(hi - lo for lo, hi in ranges)
+    b, h, _, d = new.shape
+    rows = new.new_empty((b, h, max(capacity or 2 * kept, kept), d))
+    parts = ([old.data] if old is not None else []) + [new]
+    at = 0
+    for lo, hi in ranges:
+        offset = 0
+        for part in parts:  # a range may span the held rows and the new ones
+            a, z = max(lo, offset), min(hi, offset + part.shape[2])
+            if a < z:
+                rows[:, :, at:at + z - a].copy_(part[:, :, a - offset:z - offset])
+                at += z - a
+            offset += part.shape[2]
+    return [PlainWindow(rows, kept)]
 
 
 class KVCache:
@@ -86,7 +130,7 @@ class KVCache:
         self.attention = attention
         self.num_layers, self.tokens_per_frame, self.window = num_layers, tokens_per_frame, window
         self.quant, self.sink = quant, sink or SinkConfig()
-        # per layer, the written chunks in time order (PlainChunk, or ``quant``'s chunks)
+        # per layer, a PlainWindow (in a list of one), or ``quant``'s written chunks in time order
         self.keys: list[list] = [[] for _ in range(num_layers)]
         self.values: list[list] = [[] for _ in range(num_layers)]
         self.key_mean: list[torch.Tensor | None] = [None] * num_layers  # K-smoothing's, from the first chunk
@@ -95,6 +139,7 @@ class KVCache:
         self.global_sink, self.shot_sink = Span(), Span()
         self._keep: list[tuple[int, int]] | None = None  # frame ranges the running write pass keeps
         self._new_frames = 0
+        self._writes: list[int] = []  # per layer, the appends of the running write pass
 
     @property
     def writing(self) -> bool:
@@ -125,11 +170,11 @@ class KVCache:
         grown = Span(self.global_sink.start, min(self.sink.global_frames, self.video_frames + frames))
         shot = Span(self.shot_sink.start, min(self.sink.shot_frames, total - self.shot_sink.start))
         keep = self._kept(total, frames, [grown, shot])
-        self._keep, self._new_frames = keep, frames
+        self._keep, self._new_frames, self._writes = keep, frames, [0] * self.num_layers
         try:
             yield
-            if any(len(k) != len(self.keys[0]) for k in self.keys):
-                raise RuntimeError("a write pass must run every layer once")
+            if any(n != 1 for n in self._writes):
+                raise RuntimeError(f"a write pass must run every layer once; the layers ran {self._writes} times")
         finally:
             self._keep = None
         moved = lambda s: Span(sum(min(hi, s.start) - lo for lo, hi in keep if lo < s.start), s.length)  # noqa: E731
@@ -156,17 +201,24 @@ class KVCache:
 
     def _append(self, index: int, k: torch.Tensor, v: torch.Tensor) -> None:
         k, v = k.detach(), v.detach()
-        if self.quant is not None:
-            if self.quant.smooth_keys and self.key_mean[index] is None:
-                self.key_mean[index] = k.float().mean(dim=(0, 2), keepdim=True)  # (1, H, 1, D)
-            k = smoothed(k, self.key_mean[index])
-            new_k, new_v = self.quant.chunk(k), self.quant.chunk(v)
-        else:
-            new_k, new_v = PlainChunk(k), PlainChunk(v)
         tpf = self.tokens_per_frame
+        self._writes[index] += 1
+        if self._writes[index] > 1:
+            raise RuntimeError(f"layer {index} ran twice in one write pass")
+        if k.shape[2] != self._new_frames * tpf:
+            raise ValueError(f"a write pass of {self._new_frames} frames appends {self._new_frames * tpf} tokens a "
+                             f"layer; layer {index} got {k.shape[2]}")
         ranges = [(lo * tpf, hi * tpf) for lo, hi in self._keep]
-        self.keys[index] = select(self.keys[index] + [new_k], ranges)
-        self.values[index] = select(self.values[index] + [new_v], ranges)
+        if self.quant is None:  # one buffer a layer, with room for a chunk after what the window holds
+            capacity = None if self.window is None else self.window * tpf
+            self.keys[index] = appended(self.keys[index], k, ranges, capacity)
+            self.values[index] = appended(self.values[index], v, ranges, capacity)
+            return
+        if self.quant.smooth_keys and self.key_mean[index] is None:
+            self.key_mean[index] = k.float().mean(dim=(0, 2), keepdim=True)  # (1, H, 1, D)
+        k = smoothed(k, self.key_mean[index])
+        self.keys[index] = select(self.keys[index] + [self.quant.chunk(k)], ranges)
+        self.values[index] = select(self.values[index] + [self.quant.chunk(v)], ranges)
 
 
 def select(chunks: list, ranges: list[tuple[int, int]]) -> list:
@@ -198,9 +250,11 @@ class CachedAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
         if mask_mod is not None:
             raise ValueError("cached attention takes no mask: the cache holds exactly what the chunk may see")
-        # the chunk's own keys minus the same K-smoothing mean as the cached ones (a quantized cache's),
-        # written into the window as it is made
-        full_k, full_v = window(self.past_k, k, self.key_mean), window(self.past_v, v)
+        if self._in_place(q, k, v):  # the chunk's own rows into the buffer's room: no copy of the window
+            full_k, full_v = self.past_k[0].with_own(k), self.past_v[0].with_own(v)
+        else:  # the chunk's own keys minus the same K-smoothing mean as the cached ones (a quantized
+            # cache's), written into the window as it is made
+            full_k, full_v = window(self.past_k, k, self.key_mean), window(self.past_v, v)
         if self.cache.attention == "fp8":
             out = attention_fp8(q, full_k, full_v)
         else:  # no mask: dense flash attention where there is one
@@ -208,3 +262,13 @@ class CachedAttention:
         if self.writing:
             self.cache._append(self.index, k, v)
         return out
+
+    def _in_place(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """A BF16 cache's newest window, read with no gradient: the room after its rows is free (a
+        window an attention held before a later write is read by concatenation, and so is one that
+        any gradient flows through: attention's backward keeps the keys and values it read, and the
+        room is written again by the next read)."""
+        past_k, past_v = self.past_k, self.past_v
+        return (len(past_k) == 1 and isinstance(past_k[0], PlainWindow) and past_k is self.cache.keys[self.index]
+                and not (q.requires_grad or k.requires_grad or v.requires_grad)
+                and past_k[0].fits(k) and past_v[0].fits(v))
