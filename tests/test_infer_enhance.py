@@ -37,6 +37,7 @@ def test_a_rewrite_keeps_durations_changes_and_shots_and_replaces_the_prompts():
     ("1. a\n2. b\n3. \n4. d", "did not give back 4 numbered prompts"),  # one empty
     ("1. a\n2. b\n3. 12 lanterns\n4. d", "does not read"),  # line 4 has no duration: a number first is an error
     ("I cannot help with that.", "did not give back 4 numbered prompts"),
+    ("1. a\n2. b\n3. + c\n4. d", "shots and prompt changes differ"),  # line 4's shot made a prompt change
 ])
 def test_a_reply_that_breaks_the_structure_leaves_the_file_as_given(reply, why):
     out = enhance(FILE, lambda _: reply)

@@ -120,6 +120,13 @@ def test_the_folder_says_how_it_is_sampled_unless_params_or_flags_say_otherwise(
     ar = run_sampling(folder_config(CHUNK), dataclasses.replace(plain, ar_steps=6))
     assert ar.rollout.steps == teacher_schedule(6, 5.0) and len(ar.rollout.steps) == 7
     assert run_sampling(folder_config(CHUNK), plain, 3).rollout.steps == teacher_schedule(3, 5.0)
+    for folder in (distilled, folder_config(CHUNK)):  # no step count outside what the folder can take
+        with pytest.raises(ConfigError, match="--steps must be at least 1; got 0"):
+            run_sampling(folder, plain, 0)
+    with pytest.raises(ConfigError, match="--steps 2000: this AR folder's schedule has 1000 timesteps"):
+        run_sampling(folder_config(CHUNK), plain, 2000)
+    with pytest.raises(ConfigError, match="generate.ar_steps is 1001"):
+        run_sampling(folder_config(CHUNK), dataclasses.replace(plain, ar_steps=1001))
 
 
 def test_two_shots_with_durations_give_their_frames_and_a_sidecar(model_dir, tmp_path):
@@ -180,6 +187,18 @@ def test_one_generator_makes_many_videos_on_one_load_as_generate_file_makes_each
         for i, video in enumerate(videos):
             side = generator.generate(prompts, tmp_path / f"{i}.mp4", on_frame=hashes(video))
         other = generator.generate(prompts, tmp_path / "kv.mp4", 2, config(kv="nvfp4"))
+        ready = generator.prepare(prompts, 2, config(kv="nvfp4"))  # run twice: each on a cache of its own
+
+        class Latents(list):
+            def put(self, z, new_shot):
+                self.append(z.clone())
+
+        first, second = Latents(), Latents()
+        ready.run(stream=first)
+        ready.run(stream=second)
+        assert len(first) == sum(sum(shot.chunks) for shot in ready.plan) == len(second) > 1
+        assert all(torch.equal(a, b) for a, b in zip(first, second))
+        del ready  # a prepared generation holds the model
         with pytest.raises(ConfigError, match="precision is 'fp8' for this video"):
             generator.generate(prompts, tmp_path / "fp8.mp4", cfg=config(precision="fp8"))
         model = weakref.ref(generator.model)
@@ -219,6 +238,25 @@ def test_quantized_caches_nvfp4_and_fp8_weights_run_and_the_cache_is_smaller(mod
     # float32 activations on the CPU: 4 bytes an element against NVFP4's 0.5 + 1/16 and FP8's 1 + 4/32
     assert plain["kv_bytes_per_token"] / packed["kv_bytes_per_token"] > 7
     assert plain["kv_bytes_per_token"] / fp8["kv_bytes_per_token"] == pytest.approx(4 / (1 + 4 / 32))
+
+
+def test_nvfp4_packs_a_folder_under_the_nvfp4_recipe_it_trained_with(model_dir, tmp_path):
+    import dataclasses
+    import shutil
+
+    from longlive_core.models.folder import read_dit_folder
+    from longlive_core.quant.packed import PackedNVFP4Linear
+
+    folder = tmp_path / "ar-4over6"
+    shutil.copytree(model_dir, folder)
+    config_of = read_dit_folder(folder)
+    write_config(dataclasses.replace(config_of, precision=dataclasses.replace(config_of.precision,
+                                                                              recipe="nvfp4-4over6")), folder)
+    model, _, recipe = generate_module.prepare_model(folder, "nvfp4", torch.device("cpu"))
+    packed = [m for m in model.modules() if isinstance(m, PackedNVFP4Linear)]
+    assert recipe == "nvfp4-4over6" and packed and all(m.recipe.four_over_six == "mse" for m in packed)
+    _, _, plain = generate_module.prepare_model(model_dir, "nvfp4", torch.device("cpu"))  # a BF16-trained folder
+    assert plain == "nvfp4"
 
 
 def test_fp8_attention_goes_through_the_cache_and_is_refused_where_cudnn_cannot_run(model_dir, tmp_path, capsys,
@@ -301,6 +339,10 @@ def test_bad_prompt_lines_and_a_bf16_run_of_a_w4a4_folder_are_refused(model_dir,
     assert longlive(["generate", "--model", str(model_dir), "--prompts", str(prompts), "--out", str(out),
                      "--device", "cpu"]) == 2
     assert "line 2" in capsys.readouterr().err and not out.exists()
+    prompts.write_text("a shot\n")
+    assert longlive(["generate", "--model", str(model_dir), "--prompts", str(prompts), "--out", str(tmp_path),
+                     "--device", "cpu"]) == 2
+    assert f"--out {tmp_path} is a folder: give the video's file name" in capsys.readouterr().err
     folder = tmp_path / "w4a4"
     folder.mkdir()
     write_config(folder_config(format="longlive-w4a4", stage="merge_w4a4", quantization_config={},
@@ -310,6 +352,26 @@ def test_bad_prompt_lines_and_a_bf16_run_of_a_w4a4_folder_are_refused(model_dir,
                      "--precision", "bf16", "--device", "cpu"]) == 2
     assert "run it with --precision nvfp4" in capsys.readouterr().err
     assert longlive([]) == 2 and longlive(["nope"]) == 2
+
+
+def test_a_video_that_fails_its_last_check_leaves_the_earlier_video_and_sidecar(model_dir, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """The frame count is checked before the video takes out's place: a short stream raises and the
+    earlier video and its sidecar stay as they were. A prompt file that is not UTF-8 is one line."""
+    prompts, out = tmp_path / "p.txt", tmp_path / "v.mp4"
+    prompts.write_text("0.4\tA red kite\n")
+    generate_file(model_dir, prompts, out, config())
+    video, sidecar = out.read_bytes(), out.with_name("v.mp4.json").read_text()
+    write = FrameStream._write
+    monkeypatch.setattr(FrameStream, "_write", lambda self, frames: write(self, frames[:-1]))
+    with pytest.raises(RuntimeError, match="frames where the plan makes"):
+        generate_file(model_dir, prompts, out, config(seed=7))
+    assert out.read_bytes() == video and out.with_name("v.mp4.json").read_text() == sidecar
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.txt", "v.mp4", "v.mp4.json"]
+    prompts.write_bytes("0.4\tA caf\u00e9 at dusk\n".encode("latin-1"))
+    assert longlive(["generate", "--model", str(model_dir), "--prompts", str(prompts), "--out", str(out),
+                     "--device", "cpu"]) == 2
+    assert "is not UTF-8 text (byte 9): save the prompt file as UTF-8" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -45,3 +45,12 @@ def test_a_byte_order_mark_is_ignored_and_a_number_after_a_tab_is_prompt_text():
     assert [(s.prompt, s.duration_s) for s in segments] == [("A red kite", 1.5),
                                                             ("The scene transitions. 3 dogs run", 5.0)]
 
+
+
+def test_a_prompt_that_starts_with_a_word_float_reads_is_prompt_text():
+    segments = parse_prompts("Nan walks her dog\nInfinity pool at dusk\ninf. loops\n", 4.0)
+    assert [s.prompt.removeprefix(SCENE_TRANSITION) for s in segments] == [
+        "Nan walks her dog", "Infinity pool at dusk", "inf. loops"]
+    for number in ("12 dogs", "-3 dogs", ".5 moons", "1e3 stars"):
+        with pytest.raises(PromptFileError, match="starts with a number but has no tab"):
+            parse_prompts(number, 4.0)

@@ -89,9 +89,13 @@ def enhance(text: str, rewrite: Callable[[str], str], examples: Sequence[str] = 
         rows[segment.line - 1] = segment.head + prompt
     rebuilt = "\n".join(rows) + "\n"
     try:
-        parse_prompts(rebuilt, 1.0, "the rewritten prompt file")
+        reread = parse_prompts(rebuilt, 1.0, "the rewritten prompt file")
     except PromptFileError as e:
         return Enhancement(text, text, False, f"the rewritten file does not read: {e}", examples)
+    shape = lambda segs: [(s.line, s.shot, s.new_shot, s.duration_s) for s in segs]  # noqa: E731
+    if shape(reread) != shape(segments):  # a rewrite that begins with '+' would make a shot a prompt change
+        return Enhancement(text, text, False, "the rewritten file's shots and prompt changes differ from the file's",
+                           examples)
     return Enhancement(text, rebuilt, True, "", examples)
 
 

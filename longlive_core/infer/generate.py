@@ -44,7 +44,7 @@ from longlive_core.infer.engine import KV_FORMATS, PRECISIONS, EngineStats, Gene
 from longlive_core.infer.enhance import Enhancement, ExampleBank, enhance, pooled_prompt, template_digest
 from longlive_core.infer.kv_cache import ATTENTIONS
 from longlive_core.infer.model_folder import load_model_folder
-from longlive_core.infer.prompts import PromptFileError, Segment, ShotPlan, parse_prompts, plan_shots
+from longlive_core.infer.prompts import PromptFileError, Segment, ShotPlan, parse_prompts, plan_shots, read_prompt_file
 from longlive_core.infer.sampling import RunSampling, run_sampling
 from longlive_core.io.atomic import atomic_path, write_json
 from longlive_core.models.encoders import check_encoders
@@ -53,6 +53,7 @@ from longlive_core.models.text import text_encoder_from
 from longlive_core.models.vae import vae_from
 from longlive_core.models.weights import CheckpointError
 from longlive_core.progress import Progress, setup_logging
+from longlive_core.quant.config import NVFP4_RECIPE_NAMES
 from longlive_core.quant.recipe import convert_linears, convert_linears_fp8
 from longlive_core.video.writer import VideoWriter
 
@@ -60,7 +61,8 @@ log = logging.getLogger("longlive.generate")
 
 
 def prepare_model(directory: Path, precision: str, device: torch.device):
-    """(model, config, recipe): a longlive-dit folder in bf16 (float32 on the CPU), packed NVFP4 or
+    """(model, config, recipe): a longlive-dit folder in bf16 (float32 on the CPU), packed NVFP4 (under
+    the folder's own NVFP4 recipe where it trained under one: Four-Over-Six's block scales kept) or
     FP8 W8A8 (the AR model's skip list kept in high precision); a longlive-w4a4 folder as it is (it
     holds no BF16 weights)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -71,9 +73,10 @@ def prepare_model(directory: Path, precision: str, device: torch.device):
     if config.format == "longlive-w4a4":
         return model, config, config.longlive_quantization.get("recipe", "nvfp4")
     rules = config.precision
-    if precision == "nvfp4":
-        convert_linears(model, "nvfp4", skip=rules.skip, keep_last_blocks=rules.keep_last_blocks, packed=True)
-        return model, config, "nvfp4"
+    if precision == "nvfp4":  # packed as the folder's model was trained to be quantized (its block scales)
+        recipe = rules.recipe if rules.recipe in NVFP4_RECIPE_NAMES else "nvfp4"
+        convert_linears(model, recipe, skip=rules.skip, keep_last_blocks=rules.keep_last_blocks, packed=True)
+        return model, config, recipe
     if precision == "fp8":
         convert_linears_fp8(model, skip=rules.skip, keep_last_blocks=rules.keep_last_blocks)
         return model, config, "fp8"
@@ -150,15 +153,13 @@ class Generator:
         """The shots planned from ``prompts``, their texts embedded and the KV cache, ready to run."""
         if self.model is None:
             raise RuntimeError("this Generator was closed")
-        if not prompts.is_file():
-            raise PromptFileError(f"{prompts} not found: give a prompt file, one line per shot")
+        text = read_prompt_file(prompts)
         cfg = self.settings(cfg)
         if cfg.attention == "fp8" and (missing := attention_cudnn_fp8.unavailable_reason(self.device)):
             raise ConfigError(f"generate.attention is fp8 (cuDNN's FP8 attention) but {missing}: use sdpa here")
         config, model = self.config, self.model
         sampling = run_sampling(self.folder, cfg, steps)
         latent = config.latent
-        text = prompts.read_text(encoding="utf-8")
         segments = parse_prompts(text, cfg.default_duration_s, str(prompts))
         encoder = text_encoder_from(self.encoders["text_encoder"], config.text_encoder.max_length, self.device)
         enhancement = None
@@ -172,11 +173,14 @@ class Generator:
         texts = [embedded[i:i + 1] for i in range(len(segments))]
         _, ph, pw = model.cfg.patch_size
         h, w = latent.height, latent.width
-        cache = cfg.cache(model, (h // ph) * (w // pw), sampling.rollout)
-        run = functools.partial(generate, model, plan, texts, cache, sampling.rollout.steps,
-                                latent_shape=(latent.channels, h, w), dtype=model.patch_embedding.weight.dtype,
-                                seed=cfg.seed, shot_offset=config.multi_shot.shot_rope_offset, shard=self.shard)
-        return Generation(plan, sampling, run, encoded_at, enhancement)
+        run = functools.partial(generate, model, plan, texts, latent_shape=(latent.channels, h, w),
+                                dtype=model.patch_embedding.weight.dtype, seed=cfg.seed,
+                                shot_offset=config.multi_shot.shot_rope_offset, shard=self.shard)
+
+        def run_fresh(**kwargs) -> EngineStats:  # every run on a cache of its own: the same seed, the same video
+            return run(cfg.cache(model, (h // ph) * (w // pw), sampling.rollout), sampling.rollout.steps, **kwargs)
+
+        return Generation(plan, sampling, run_fresh, encoded_at, enhancement)
 
     def enhanced(self, text: str, segments: list[Segment], cfg: GenerateConfig, encoder, source: str) -> Enhancement:
         """The prompt file rewritten by ``cfg.enhance_model`` (loaded for this file and let go, as umT5 is),
@@ -210,6 +214,7 @@ class Generator:
         alone decodes and writes (the others return None)."""
         wall = time.perf_counter()
         prompts, out, cfg = Path(prompts), Path(out), self.settings(cfg)
+        check_out(out)
         device, model, config, shard, decoder = self.device, self.model, self.config, self.shard, self.decoder
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -232,26 +237,28 @@ class Generator:
                  cfg.kv, len(sampling.steps) - 1, sampling.window, sampling.global_sink, sampling.shot_sink,
                  ", ".join(f"{k} {v}" for k, v in g.sampling.source.items()), cfg.seed)
         start = time.perf_counter()
-        with atomic_path(out) as tmp, VideoWriter(tmp, fps, video.width, video.height,
-                                                     threads=0) as writer:
-            first_frame: list[float] = []
+        sidecar_path = out.with_name(out.name + ".json")
+        with atomic_path(out) as tmp:  # the video takes out's place only once it is checked
+            with VideoWriter(tmp, fps, video.width, video.height, threads=0) as writer:
+                first_frame: list[float] = []
 
-            def write(rgb: np.ndarray) -> None:
-                if not first_frame:
-                    first_frame.append(time.perf_counter())
-                writer.write(rgb)
-                if on_frame is not None:
-                    on_frame(rgb)
+                def write(rgb: np.ndarray) -> None:
+                    if not first_frame:
+                        first_frame.append(time.perf_counter())
+                    writer.write(rgb)
+                    if on_frame is not None:
+                        on_frame(rgb)
 
-            stream = FrameStream(decoder, write, asynchronous=cfg.decode == "async")
-            try:
-                stats = run(stream=stream, on_chunk=lambda _: progress.advance())
-            finally:
-                stream.close()
-        elapsed = time.perf_counter() - start
-        expected = sum(shot.video_frames for shot in plan)
-        if stream.frames != expected:
-            raise RuntimeError(f"decoded {stream.frames} frames where the plan makes {expected}")
+                stream = FrameStream(decoder, write, asynchronous=cfg.decode == "async")
+                try:
+                    stats = run(stream=stream, on_chunk=lambda _: progress.advance())
+                finally:
+                    stream.close()
+            elapsed = time.perf_counter() - start
+            expected = sum(shot.video_frames for shot in plan)
+            if stream.frames != expected:
+                raise RuntimeError(f"decoded {stream.frames} frames where the plan makes {expected}")
+            sidecar_path.unlink(missing_ok=True)  # an earlier video's sidecar never sits beside this video
         # K and V, every layer, 2 bytes each; a sequence-parallel rank caches a P-th of the heads
         bf16_per_token = 2 * len(model.blocks) * model.cfg.dim * 2 // shard.size
         sidecar = {
@@ -284,7 +291,7 @@ class Generator:
             "load_peak_memory_bytes": load_peak,  # cuda: until the prompts are embedded (the DiT, VAE and umT5)
             "kv_bytes_per_token": stats.kv_bytes_per_token, "kv_bytes_per_token_bf16": bf16_per_token,  # per rank
         }
-        write_json(sidecar, out.with_name(out.name + ".json"))
+        write_json(sidecar, sidecar_path)
         log.info("%s: %d frames, denoise loop %.1f FPS, end to end %.1f FPS, decode %.1fs, peak memory %.2f GiB",
                  out, stream.frames, sidecar["denoise_fps"] or 0.0, sidecar["end_to_end_fps"], stream.decode_s,
                  sidecar["peak_memory_bytes"] / 2**30)
@@ -295,13 +302,19 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
                   steps: int | None = None, on_frame: Callable[[np.ndarray], None] | None = None,
                   shard: SequenceShard = WHOLE) -> dict | None:
     """One video: ``Generator.generate`` on a model loaded for it (the prompt file checked first)."""
-    if not Path(prompts).is_file():
-        raise PromptFileError(f"{prompts} not found: give a prompt file, one line per shot")
+    text = read_prompt_file(Path(prompts))
+    check_out(Path(out))
     # what would fail once the model is loaded fails before it: --steps the folder cannot run, a bad prompt line
     run_sampling(read_dit_folder(Path(model_dir)), cfg, steps)
-    parse_prompts(Path(prompts).read_text(encoding="utf-8"), cfg.default_duration_s, str(prompts))
+    parse_prompts(text, cfg.default_duration_s, str(prompts))
     with Generator(model_dir, cfg, shard) as generator:
         return generator.generate(prompts, out, steps, on_frame=on_frame)
+
+
+def check_out(out: Path) -> None:
+    """The video's path is a file's, refused before anything is generated where it is a folder."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder: give the video's file name, such as {out / 'video.mp4'}")
 
 
 def vae_decoder(path: str, device: torch.device, dtype_name: str, compile: bool = False) -> ShotDecoder:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+from pathlib import Path
 
 from longlive_core.models.text import SCENE_TRANSITION
 
@@ -46,6 +48,16 @@ class ShotPlan:
     @property
     def video_frames(self) -> int:
         return 1 + self.temporal_stride * (self.latent_frames - 1)
+
+
+def read_prompt_file(path: Path) -> str:
+    """The prompt file's text, UTF-8 (a missing or undecodable file is a ``PromptFileError`` naming it)."""
+    if not path.is_file():
+        raise PromptFileError(f"{path} not found: give a prompt file, one line per shot")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise PromptFileError(f"{path} is not UTF-8 text (byte {e.start}): save the prompt file as UTF-8") from None
 
 
 def parse_prompts(text: str, default_duration_s: float, source: str = "the prompt file") -> list[Segment]:
@@ -90,11 +102,8 @@ def parse_prompts(text: str, default_duration_s: float, source: str = "the promp
 
 
 def _is_number(word: str) -> bool:
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
+    """A word written as a number: digits (a sign, a point), not the words ``float`` also reads (Nan, inf)."""
+    return re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", word) is not None
 
 
 def plan_shots(segments: list[Segment], fps: float, chunk_frames: int, temporal_stride: int = 4) -> list[ShotPlan]:

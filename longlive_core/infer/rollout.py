@@ -26,6 +26,9 @@ from longlive_core.train.flow import FlowMatching
 def teacher_schedule(steps: int, shift: float, num_train_timesteps: int = 1000) -> tuple[int, ...]:
     """``steps`` timesteps of a flow-matching model's own shifted schedule (the AR model's many-step
     sampler), descending from ``num_train_timesteps``, then 0 (repeats after rounding merged)."""
+    if not 1 <= steps <= num_train_timesteps:
+        raise ValueError(f"a schedule of {num_train_timesteps} timesteps takes 1 to {num_train_timesteps} steps; "
+                         f"got {steps}")
     flow = FlowMatching(num_train_timesteps, shift)
     ts = flow.timestep(flow.sigmas(torch.arange(steps) * (num_train_timesteps // steps))).round().int().tolist()
     return (*sorted(set(ts), reverse=True), 0)
