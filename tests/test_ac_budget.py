@@ -428,12 +428,16 @@ STAGES = {"train_ar": (TrainARConfig, BASE), "distill_dmd": (DistillDMDConfig, D
      "train_ar.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device)"),
     ("train_ar", {"activation_checkpointing": "budgeted"},
      "train_ar.activation_checkpointing must be none, full, selective, compiler or budget; got 'budgeted'"),
+    ("train_ar", {"precision": {"recipe": "nvfp4", "forward_bf16_from_step": 3}},
+     "train_ar.activation_checkpointing: budget plans the NVFP4 forward's ops, and precision.forward_bf16_from_step"),
     ("distill_dmd", {"ac_memory_limit_gib": -1},
      "distill_dmd.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device)"),
     ("distill_dmd", {"activation_checkpointing": "compiler"},
      "distill_dmd.activation_checkpointing must be none, full, selective or budget (distillation does not compile"),
     ("distill_dmd", {"sp": 2, "nproc": 2},
      "distill_dmd.activation_checkpointing: budget plans distillation with one rank per prompt (sp: 1), and sp is 2"),
+    ("distill_dmd", {"lora": {"dropout": 0.1}},
+     "distill_dmd.lora.dropout is 0.1 with activation_checkpointing budget: the recomputation would draw other"),
 ])
 def test_a_bad_budget_setting_is_one_line_naming_its_key(stage, change, message):
     """(And a good one changes no number a checkpoint holds: a run resumes across it.)"""
@@ -462,7 +466,8 @@ def test_without_a_limit_a_cpu_run_is_refused_before_it_starts(monkeypatch, stag
 def test_a_measured_peak_above_the_limit_says_by_how_much():
     check_peak(2**30, 2**30, None, "train_ar.ac_memory_limit_gib", 1)
     with pytest.raises(ConfigError, match=r"step 3 peaked at 1.50 GiB, 0.50 GiB above the limit of 1.00 GiB; "
-                                          r"the plan predicted 0.90 GiB: lower train_ar.ac_memory_limit_gib"):
+                                          r"the plan predicted 0.90 GiB, 0.60 GiB short: where the plan's kept outputs "
+                                          r"are what it mispriced, train_ar.ac_memory_limit_gib lower by 0.50 GiB"):
         check_peak(3 * 2**29, 2**30, int(0.9 * 2**30), "train_ar.ac_memory_limit_gib", 3)
 
 

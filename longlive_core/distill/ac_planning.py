@@ -34,6 +34,7 @@ from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.ac_planning import (
     OutsideBlocks,
+    _bytes,
     block_inputs,
     cast_probes,
     embeddings_need_grad,
@@ -79,13 +80,17 @@ class DistillPlanner:
 
     def __init__(self, budget: BudgetCheckpointing, cfg: DistillDMDConfig, model: WanDiT, roles: int,
                  optimizer: torch.optim.Optimizer, chunk_frames: int, grid: tuple[int, int], text_tokens: int,
-                 device: torch.device, dtype: torch.dtype, cache_dir: Path):
+                 device: torch.device, dtype: torch.dtype, cache_dir: Path, trainable: list[torch.nn.Parameter]):
+        """``trainable``: every role's trained parameters (the two adapters, or two whole models with full
+        weights): their gradients and the optimizers' moments count against the limit."""
         self.budget, self.cfg, self.model, self.chunk = budget, cfg, model, chunk_frames
         self.grid, self.text_tokens, self.device, self.dtype = grid, text_tokens, device, dtype
         # every role's model was wrapped (three copies for full weights): the blocks of one run a pass
         self.counts = {k: n // roles for k, n in budget.counts.items()}
         self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
-        self.memory = step_memory(model, optimizer, {}, dtype, device)  # the model holds both adapters
+        memory = step_memory(model, optimizer, {}, dtype, device)
+        grads = _bytes(trainable)
+        self.memory = dataclasses.replace(memory, grads=grads, optimizer=0 if optimizer.state else 2 * grads)
         self.cache = PlanCache(cache_dir)
         self.rank = dist.get_rank()
         self.report: dict[str, dict] = {}
@@ -161,8 +166,8 @@ class DistillPlanner:
         """Collective (every rank calls it alike): both passes' plans, from the cache or profiled now."""
         key = self._key()
         report = agree(self.cache.get(key) if self.rank == 0 else None)
-        if report is None:
-            report = self._plan()
+        if report is None:  # rank 0's plans on every rank: one compiled partition around the collectives
+            report = agree(self._plan())
             if self.rank == 0:
                 self.cache.put(key, report)
         self.report = report

@@ -83,6 +83,10 @@ class DistillDMDConfig:
         if self.activation_checkpointing == "budget" and self.sp > 1:
             raise ConfigError(f"{where}.activation_checkpointing: budget plans distillation with one rank per prompt "
                               f"(sp: 1), and sp is {self.sp}: use full or selective with sequence parallelism")
+        if self.lora.dropout > 0 and self.activation_checkpointing != "none":
+            raise ConfigError(f"{where}.lora.dropout is {self.lora.dropout} with activation_checkpointing "
+                              f"{self.activation_checkpointing}: the recomputation would draw other dropout masks than "
+                              "the forward (wrong gradients); set lora.dropout: 0 or activation_checkpointing: none")
         if self.stats_every < 0 or self.stats_samples < 0:
             raise ConfigError(f"{where}: stats_every and stats_samples must be >= 0")
         self.lora.validate(f"{where}.lora")

@@ -115,10 +115,15 @@ def check_peak(measured: int, limit: int, predicted: int | None, key: str, step:
     """A measured peak above the limit is an error that says by how much."""
     if measured <= limit:
         return
-    guess = "" if predicted is None else f"; the plan predicted {predicted / 2**30:.2f} GiB"
-    raise ConfigError(f"{key}: step {step} peaked at {measured / 2**30:.2f} GiB, {(measured - limit) / 2**30:.2f} GiB "
-                      f"above the limit of {limit / 2**30:.2f} GiB{guess}: lower {key} by at least that much "
-                      "(the plan then keeps less)")
+    over = (measured - limit) / 2**30
+    guess = "" if predicted is None else (f"; the plan predicted {predicted / 2**30:.2f} GiB, "
+                                          f"{(measured - predicted) / 2**30:.2f} GiB short")
+    # the limit is both the plan's room and this check's threshold: lowering it helps only where what the plan
+    # keeps is what it mispriced
+    raise ConfigError(f"{key}: step {step} peaked at {measured / 2**30:.2f} GiB, {over:.2f} GiB above the limit of "
+                      f"{limit / 2**30:.2f} GiB{guess}: where the plan's kept outputs are what it mispriced, {key} "
+                      f"lower by {over:.2f} GiB or more keeps less and fits; a shortfall outside the blocks moves with "
+                      f"the limit: use activation_checkpointing full there")
 
 
 def default_cache_dir() -> Path:

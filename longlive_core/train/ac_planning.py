@@ -316,7 +316,9 @@ class WindowPlanner:
                 plans = plan_blocks(profiles, counts, self.limit - static - transient)
                 kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
         parts["transient"] = transient
-        entry = plan_entry(profiles, plans, counts, parts, kept, absorbed, shares, trials, rooms)
+        # rank 0's plans on every rank (the ranks' own memory can differ by a shard's padding): one compiled
+        # partition around the collectives, and a rerun's cached plans are the first run's
+        entry = agree(plan_entry(profiles, plans, counts, parts, kept, absorbed, shares, trials, rooms))
         if self.rank == 0:
             self.cache.put(key, entry)
         return entry

@@ -162,6 +162,10 @@ class TrainARConfig:
         if self.activation_checkpointing == "compiler" and not self.compile:
             raise ConfigError(f"{where}.activation_checkpointing: compiler is the compiler's own recomputation: set "
                               f"{where}.compile: true, or choose full or selective")
+        if self.activation_checkpointing == "budget" and self.precision.forward_bf16_from_step is not None:
+            raise ConfigError(f"{where}.activation_checkpointing: budget plans the NVFP4 forward's ops, and "
+                              f"precision.forward_bf16_from_step switches to another forward at step "
+                              f"{self.precision.forward_bf16_from_step}: use compiler or full with it")
         if not 0 < self.ac_budget <= 1:
             raise ConfigError(f"{where}.ac_budget must be in (0, 1]; got {self.ac_budget}")
         if self.ac_memory_limit_gib is not None and not self.ac_memory_limit_gib > 0:
