@@ -266,10 +266,21 @@ def test_fp8_attention_goes_through_the_cache_and_is_refused_where_cudnn_cannot_
     prompts = tmp_path / "p.txt"
     prompts.write_text(TWO_SHOTS)
     out = tmp_path / "fp8-attention.mp4"
+    real_prepare = generate_module.prepare_model
+
+    def no_load(*args):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(generate_module, "prepare_model", no_load)  # refused before the model loads
     assert longlive(["generate", "--model", str(model_dir), "--prompts", str(prompts), "--out", str(out),
                      "--attention", "fp8", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "generate.attention is fp8" in err and "not a CUDA device" in err and not out.exists()
+    from longlive_core.distributed.ulysses import SequenceShard
+
+    with pytest.raises(ConfigError, match="--sp 3: the model's .* attention heads and 2-frame chunks must both split"):
+        generate_file(model_dir, prompts, out, config(), shard=SequenceShard(0, 3))
+    monkeypatch.setattr(generate_module, "prepare_model", real_prepare)
     with pytest.raises(ConfigError, match="attention must be one of"):
         config(attention="fp4")
     # where cuDNN could run it, every cached attention of the video goes to attention_fp8 (here SDPA stands in)

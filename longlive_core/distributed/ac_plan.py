@@ -28,6 +28,12 @@ it that leaves at most ``GRID`` units; rounded up per item, so a plan never exce
 by the greedy prefix in order of time per byte (exact bytes). Each answer is the best over every
 limit up to the one given (the table's "at most c" capacities; a longer prefix), so more memory
 never gives a slower plan. Times are counted in whole nanoseconds, so that holds exactly.
+
+A compiled step's plan is then sized by measurement (``measured_plans``): the rooms it tries follow
+from what each trial measured, so two limits may try different rooms, and the plan kept at a larger
+limit can recompute more than one a smaller limit's trials found. The priced plans above are monotone
+by construction; the measured choice is the fastest plan measured within the limit, and its record
+(``MeasuredPlan.room_trials``) says which rooms were tried.
 """
 from __future__ import annotations
 

@@ -304,9 +304,18 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     """One video: ``Generator.generate`` on a model loaded for it (the prompt file checked first)."""
     text = read_prompt_file(Path(prompts))
     check_out(Path(out))
-    # what would fail once the model is loaded fails before it: --steps the folder cannot run, a bad prompt line
-    run_sampling(read_dit_folder(Path(model_dir)), cfg, steps)
+    # what would fail once the model is loaded fails before it: --steps the folder cannot run, a bad prompt line,
+    # --sp that does not split the model, FP8 attention where cuDNN's cannot run
+    folder = read_dit_folder(Path(model_dir))
+    run_sampling(folder, cfg, steps)
     parse_prompts(text, cfg.default_duration_s, str(prompts))
+    heads, chunk = folder.dit_config.num_heads, folder.latent.chunk_frames
+    if heads % shard.size or chunk % shard.size:
+        raise ConfigError(f"--sp {shard.size}: the model's {heads} attention heads and {chunk}-frame chunks must both "
+                          f"split over {shard.size} ranks")
+    if cfg.attention == "fp8" and (missing := attention_cudnn_fp8.unavailable_reason(
+            pick_device(cfg.device, "generate.device"))):
+        raise ConfigError(f"generate.attention is fp8 (cuDNN's FP8 attention) but {missing}: use sdpa here")
     with Generator(model_dir, cfg, shard) as generator:
         return generator.generate(prompts, out, steps, on_frame=on_frame)
 
