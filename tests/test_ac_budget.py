@@ -361,6 +361,11 @@ def test_plans_are_cached_reused_and_made_for_a_new_window_length(tmp_path, two_
     assert profiled == [4, 8] and again.budget.plans == first.budget.plans  # from the cache
     budget_trainer(two_lengths, tmp_path / "c", plans, ac_memory_limit_gib=2.0)
     assert profiled == [4, 8, 4, 8]  # the limit is part of the key
+    # a margin moves what the plans aim for, and the key with it: 2 GiB less 1 are the first run's plans for
+    # 1 GiB, from the cache; the check still holds the 2 GiB
+    margin = budget_trainer(two_lengths, tmp_path / "m", plans, ac_memory_limit_gib=2.0, ac_plan_margin_gib=1.0)
+    assert profiled == [4, 8, 4, 8] and margin.budget.plans == first.budget.plans
+    assert (margin.planner.target, margin.planner.limit) == (2**30, 2 * 2**30)
     shorter = budget_trainer(two_lengths, tmp_path / "d", plans, max_latent_frames=6)
     assert profiled[4:] == [6] and sorted(shorter.budget.plans) == [4, 6]
     shorter.planner.use(2)  # a window first seen mid-run (one rank): planned when it comes
@@ -430,6 +435,10 @@ STAGES = {"train_ar": (TrainARConfig, BASE), "distill_dmd": (DistillDMDConfig, D
      "train_ar.activation_checkpointing must be none, full, selective, compiler or budget; got 'budgeted'"),
     ("train_ar", {"precision": {"recipe": "nvfp4", "forward_bf16_from_step": 3}},
      "train_ar.activation_checkpointing: budget plans the NVFP4 forward's ops, and precision.forward_bf16_from_step"),
+    ("train_ar", {"ac_plan_margin_gib": 1.0},
+     "train_ar.ac_plan_margin_gib must be >= 0 and below ac_memory_limit_gib; got 1.0"),
+    ("distill_dmd", {"ac_plan_margin_gib": -0.5},
+     "distill_dmd.ac_plan_margin_gib must be >= 0 and below ac_memory_limit_gib; got -0.5"),
     ("distill_dmd", {"ac_memory_limit_gib": -1},
      "distill_dmd.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device)"),
     ("distill_dmd", {"activation_checkpointing": "compiler"},
@@ -463,12 +472,14 @@ def test_without_a_limit_a_cpu_run_is_refused_before_it_starts(monkeypatch, stag
     require_limit(2.0, torch.device("cpu"), "k")  # a number is enough
 
 
-def test_a_measured_peak_above_the_limit_says_by_how_much():
+def test_a_measured_peak_above_the_limit_says_by_how_much_and_the_margin_to_set():
     check_peak(2**30, 2**30, None, "train_ar.ac_memory_limit_gib", 1)
-    with pytest.raises(ConfigError, match=r"step 3 peaked at 1.50 GiB, 0.50 GiB above the limit of 1.00 GiB; "
-                                          r"the plan predicted 0.90 GiB, 0.60 GiB short: where the plan's kept outputs "
-                                          r"are what it mispriced, train_ar.ac_memory_limit_gib lower by 0.50 GiB"):
+    with pytest.raises(ConfigError, match=r"step 3 peaked at 1.50 GiB, 0.50 GiB above the limit of 1.00 GiB; the plan "
+                                          r"predicted 0.90 GiB: set train_ar.ac_plan_margin_gib to at least 0.60 GiB "
+                                          r"\(now 0.00\)"):
         check_peak(3 * 2**29, 2**30, int(0.9 * 2**30), "train_ar.ac_memory_limit_gib", 3)
+    with pytest.raises(ConfigError, match=r"set distill_dmd.ac_plan_margin_gib to at least 0.60 GiB \(now 0.10\)"):
+        check_peak(3 * 2**29, 2**30, int(0.9 * 2**30), "distill_dmd.ac_memory_limit_gib", 3, int(0.1 * 2**30))
 
 
 @pytest.mark.parametrize("ratio", [0.5, 2.0])

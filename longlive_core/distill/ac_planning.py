@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from longlive_core.config import ConfigError
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, check_peak, memory_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
@@ -88,6 +89,11 @@ class DistillPlanner:
         # every role's model was wrapped (three copies for full weights): the blocks of one run a pass
         self.counts = {k: n // roles for k, n in budget.counts.items()}
         self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
+        self.margin = int(cfg.ac_plan_margin_gib * 2**30)
+        if self.margin >= self.limit:
+            raise ConfigError(f"{KEY.rpartition('.')[0]}.ac_plan_margin_gib ({cfg.ac_plan_margin_gib}) leaves the plan "
+                              f"no room under the limit of {self.limit / 2**30:.2f} GiB")
+        self.target = self.limit - self.margin  # what the plans aim for; the peak check holds the limit
         memory = step_memory(model, optimizer, {}, dtype, device)
         grads = _bytes(trainable)
         self.memory = dataclasses.replace(memory, grads=grads, optimizer=0 if optimizer.state else 2 * grads)
@@ -115,7 +121,7 @@ class DistillPlanner:
                 "chunk": self.chunk, "grid": list(self.grid), "text_tokens": self.text_tokens,
                 "world": dist.get_world_size(), "sharding": cfg.parallel.sharding, "dtype": str(self.dtype),
                 "recipe": cfg.recipe, "lora": dataclasses.asdict(cfg.lora), "torch": torch.__version__,
-                "limit": self.limit,
+                "limit": self.target,
                 "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
                 "memory": [self.memory.resident // 2**26, self.memory.grads, self.memory.optimizer, self.memory.fsdp]}
 
@@ -157,7 +163,7 @@ class DistillPlanner:
                 "transient": max(p.transient_bytes for p in [*critic.values(), *generator.values()])})}
         out = {}
         for name, (profiles, counts, parts) in passes.items():
-            plans = plan_blocks(profiles, counts, self.limit - sum(parts.values()))
+            plans = plan_blocks(profiles, counts, self.target - sum(parts.values()))
             out[name] = plan_entry(profiles, plans, counts, parts,
                                    sum(counts[k] * plans[k].saved_bytes for k in plans))
         return out
@@ -173,7 +179,7 @@ class DistillPlanner:
         self.report = report
         for name in PASSES:
             self.budget.plans[name] = {k: ACPlan.from_json(p) for k, p in report[name]["plans"].items()}
-            log_plan(KEY, f"the {name}'s pass", report[name], self.limit)
+            log_plan(KEY, f"the {name}'s pass", report[name], self.target)
         self.budget.probes.clear()  # the shapes are fixed: no later planning
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -188,10 +194,11 @@ class DistillPlanner:
         if self.device.type != "cuda":
             return
         self.measured = world_peak(self.device)
-        check_peak(self.measured, self.limit, max(e["predicted_peak"] for e in self.report.values()), KEY, step)
+        check_peak(self.measured, self.limit, max(e["predicted_peak"] for e in self.report.values()), KEY, step,
+                   self.margin)
 
     def summary(self) -> dict[str, float]:
-        out = {"ac_limit_gib": self.limit / 2**30}
+        out = {"ac_limit_gib": self.limit / 2**30, "ac_plan_margin_gib": self.margin / 2**30}
         for name in PASSES:
             out.update(entry_metrics(self.report[name], name, self.budget.matched_share(name)))
         if self.measured:

@@ -45,6 +45,8 @@ class DistillDMDConfig:
     param_dtype: str = "bfloat16"  # the compute copy FSDP gathers (adapters); masters float32
     activation_checkpointing: str = "none"  # none | full | selective | budget, as train_ar's (every role's blocks)
     ac_memory_limit_gib: float | None = None  # budget: the step's peak per device; null: 0.9 of the GPU's memory
+    # budget: GiB the plan aims below the limit, where the step measured more than its plan predicted
+    ac_plan_margin_gib: float = 0.0
     stats_every: int = 100  # latent statistics of generated samples against the teacher's; 0: never
     stats_samples: int = 2  # val-split prompts, fixed
     teacher_steps: int = 16  # the teacher's sampling steps for those statistics (its shifted schedule)
@@ -54,7 +56,8 @@ class DistillDMDConfig:
     log_every: int = 1
 
     RESUMABLE_ACROSS = ("steps", "stats_every", "stats_samples", "teacher_steps", "memory_comparison", "checkpoint",
-                        "log_every", "parallel.device", "activation_checkpointing", "ac_memory_limit_gib")
+                        "log_every", "parallel.device", "activation_checkpointing", "ac_memory_limit_gib",
+                        "ac_plan_margin_gib")
 
     def validate(self, where: str) -> None:
         for key in ("steps", "generator_every", "latent_frames", "grad_frames", "log_every", "teacher_steps"):
@@ -80,6 +83,10 @@ class DistillDMDConfig:
         if self.ac_memory_limit_gib is not None and not self.ac_memory_limit_gib > 0:
             raise ConfigError(f"{where}.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device) or null "
                               f"(0.9 of the GPU's memory); got {self.ac_memory_limit_gib}")
+        if not self.ac_plan_margin_gib >= 0 or (self.ac_memory_limit_gib is not None
+                                                 and self.ac_plan_margin_gib >= self.ac_memory_limit_gib):
+            raise ConfigError(f"{where}.ac_plan_margin_gib must be >= 0 and below ac_memory_limit_gib; got "
+                              f"{self.ac_plan_margin_gib}")
         if self.activation_checkpointing == "budget" and self.sp > 1:
             raise ConfigError(f"{where}.activation_checkpointing: budget plans distillation with one rank per prompt "
                               f"(sp: 1), and sp is {self.sp}: use full or selective with sequence parallelism")

@@ -111,19 +111,19 @@ def memory_limit(limit_gib: float | None, device: torch.device, key: str) -> int
     return int(DEFAULT_SHARE * torch.cuda.get_device_properties(device).total_memory)
 
 
-def check_peak(measured: int, limit: int, predicted: int | None, key: str, step: int) -> None:
-    """A measured peak above the limit is an error that says by how much."""
+def check_peak(measured: int, limit: int, predicted: int | None, key: str, step: int, margin: int = 0) -> None:
+    """A measured peak above the limit is an error that says by how much, and what to set: the limit is
+    also what the plan aims for (less ``margin``), so a plan that fell short needs a margin, not a lower limit
+    (which would lower this check's threshold with it)."""
     if measured <= limit:
         return
-    over = (measured - limit) / 2**30
-    guess = "" if predicted is None else (f"; the plan predicted {predicted / 2**30:.2f} GiB, "
-                                          f"{(measured - predicted) / 2**30:.2f} GiB short")
-    # the limit is both the plan's room and this check's threshold: lowering it helps only where what the plan
-    # keeps is what it mispriced
-    raise ConfigError(f"{key}: step {step} peaked at {measured / 2**30:.2f} GiB, {over:.2f} GiB above the limit of "
-                      f"{limit / 2**30:.2f} GiB{guess}: where the plan's kept outputs are what it mispriced, {key} "
-                      f"lower by {over:.2f} GiB or more keeps less and fits; a shortfall outside the blocks moves with "
-                      f"the limit: use activation_checkpointing full there")
+    margin_key = key.rpartition(".")[0] + ".ac_plan_margin_gib"
+    short = measured - limit + margin if predicted is None else measured - predicted
+    guess = "" if predicted is None else f"; the plan predicted {predicted / 2**30:.2f} GiB"
+    raise ConfigError(f"{key}: step {step} peaked at {measured / 2**30:.2f} GiB, {(measured - limit) / 2**30:.2f} GiB "
+                      f"above the limit of {limit / 2**30:.2f} GiB{guess}: set {margin_key} to at least "
+                      f"{max(short, measured - limit + margin) / 2**30:.2f} GiB (now {margin / 2**30:.2f}): the plan "
+                      f"then aims that far below the limit")
 
 
 def default_cache_dir() -> Path:

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from longlive_core.config import ConfigError
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, check_peak, memory_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, measured_plans, plan_blocks
 from longlive_core.distributed.ac_profile import compiled_block_trial, profile_block
@@ -206,9 +207,9 @@ def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], coun
 def log_plan(key: str, what: str, entry: dict, limit: int) -> None:
     """``what``: the planned shape, as a log line names it ("32-frame windows", "the critic's pass")."""
     if entry["predicted_peak"] > limit:
-        log.warning("%s: %s: with every activation recomputed the step needs %.2f GiB, above the limit of %.2f GiB: "
-                    "nothing is kept (raise the limit, or use more sequence-parallel ranks)", key, what,
-                    entry["floor"] / 2**30, limit / 2**30)
+        log.warning("%s: %s: with every activation recomputed the step needs %.2f GiB, above the %.2f GiB the plan "
+                    "aims for (the limit less ac_plan_margin_gib): nothing is kept (raise the limit, lower the margin, "
+                    "or give the step more GPUs)", key, what, entry["floor"] / 2**30, limit / 2**30)
     log.info("%s: %s: %d of %d candidate outputs per block kept, %.2f GiB in all, %.0f%% of the forward recomputed; "
              "predicted peak %.2f GiB of %.2f", key, what, entry["saved"], entry["candidates"], entry["kept"] / 2**30,
              100 * entry["recompute_s"] / max(entry["forward_s"], 1e-12), entry["predicted_peak"] / 2**30,
@@ -241,6 +242,11 @@ class WindowPlanner:
         self.budget, self.cfg, self.model = budget, cfg, model
         self.grid, self.text_tokens, self.device, self.dtype = grid, text_tokens, device, dtype
         self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
+        self.margin = int(cfg.ac_plan_margin_gib * 2**30)
+        if self.margin >= self.limit:
+            raise ConfigError(f"{KEY.rpartition('.')[0]}.ac_plan_margin_gib ({cfg.ac_plan_margin_gib}) leaves the plan "
+                              f"no room under the limit of {self.limit / 2**30:.2f} GiB")
+        self.target = self.limit - self.margin  # what the plans aim for; the peak check holds the limit
         self.memory = step_memory(model, optimizer, ema, dtype, device)
         self.cache = PlanCache(cache_dir)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -258,7 +264,7 @@ class WindowPlanner:
                 "sp": cfg.sp, "world": self.world, "grad_accum": cfg.grad_accum, "sharding": cfg.parallel.sharding,
                 "dtype": str(self.dtype),
                 "recipe": [p.recipe, list(p.skip), p.keep_last_blocks], "attention": cfg.attention,
-                "compile": cfg.compile, "torch": torch.__version__, "limit": self.limit,
+                "compile": cfg.compile, "torch": torch.__version__, "limit": self.target,
                 "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
                 # what is measured resident varies a little between runs of the same config
                 "memory": [self.memory.resident // 2**26, self.memory.grads, self.memory.optimizer, self.memory.fsdp]}
@@ -305,7 +311,7 @@ class WindowPlanner:
                 def measure(kind: str, saved: tuple[str, ...]) -> tuple[int, int, float]:
                     return tuple(agree(tuple(compiled_block_trial(self.budget.probes[kind], args, saved))))
 
-                chosen = measured_plans(profiles, counts, static, self.limit, measure,
+                chosen = measured_plans(profiles, counts, static, self.target, measure,
                                         least_transient=outside.head_bytes)
                 plans, kept, transient = chosen.plans, chosen.kept_bytes, chosen.transient_bytes
                 shares, trials, rooms = chosen.fused_shares, chosen.share_trials, chosen.room_trials
@@ -313,7 +319,7 @@ class WindowPlanner:
                 shares = trials = None
                 rooms = ()
                 transient = outside.transient(max(p.transient_bytes for p in profiles.values()))
-                plans = plan_blocks(profiles, counts, self.limit - static - transient)
+                plans = plan_blocks(profiles, counts, self.target - static - transient)
                 kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
         parts["transient"] = transient
         # rank 0's plans on every rank (the ranks' own memory can differ by a shard's padding): one compiled
@@ -335,7 +341,7 @@ class WindowPlanner:
             entry = self._plan_window(window)
             self.budget.plans[window] = {k: ACPlan.from_json(p) for k, p in entry["plans"].items()}
             self.report[window] = entry
-            log_plan(KEY, f"{window}-frame windows", entry, self.limit)
+            log_plan(KEY, f"{window}-frame windows", entry, self.target)
         if self.world > 1:  # no later planning: the copies' memory goes back
             self.budget.probes.clear()
         elif self._on_device:
@@ -361,12 +367,12 @@ class WindowPlanner:
             return
         self.measured = world_peak(self.device, self._carried)
         predicted = max((e["predicted_peak"] for e in self.report.values()), default=None)
-        check_peak(self.measured, self.limit, predicted, KEY, step)
+        check_peak(self.measured, self.limit, predicted, KEY, step, self.margin)
 
     def summary(self) -> dict[str, float]:
         """MLflow's numbers: the limit, and per window the bytes kept, the share of the forward
         recomputed and the predicted peak; the measured peak (CUDA)."""
-        out = {"ac_limit_gib": self.limit / 2**30}
+        out = {"ac_limit_gib": self.limit / 2**30, "ac_plan_margin_gib": self.margin / 2**30}
         for window, e in sorted(self.report.items()):
             out.update(entry_metrics(e, f"{window}f", self.budget.matched_share(window)))
         if self.measured:

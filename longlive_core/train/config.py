@@ -128,6 +128,8 @@ class TrainARConfig:
     # | budget (op-level, planned from a profile of the blocks under ac_memory_limit_gib)
     ac_budget: float = 0.5  # compiler: the share of a compiled backward's activations kept (the rest recomputed)
     ac_memory_limit_gib: float | None = None  # budget: the step's peak per device; null: 0.9 of the GPU's memory
+    # budget: GiB the plan aims below the limit, where the step measured more than its plan predicted
+    ac_plan_margin_gib: float = 0.0
     compile: bool = False  # torch.compile each block (after activation checkpointing, before FSDP)
     attention: str = "rows"  # self-attention: rows (the mask's dense rows on SDPA's fused kernels) | flex (GPUs)
     parallel: ParallelConfig = flat_section(ParallelConfig())  # nnodes, nproc, sp, sharding, device
@@ -142,7 +144,7 @@ class TrainARConfig:
     # (the lineage records the schedule of each step range): a run resumes across a change of these
     RESUMABLE_ACROSS = ("steps", "val_every", "val_samples", "checkpoint", "log_every", "peak_tflops", "export_dtype",
                         "parallel.device", "attention", "activation_checkpointing", "ac_budget",
-                        "ac_memory_limit_gib", "compile", "precision.sqnr_every")
+                        "ac_memory_limit_gib", "ac_plan_margin_gib", "compile", "precision.sqnr_every")
 
     def validate(self, where: str) -> None:
         if self.model not in DIT_CONFIGS:
@@ -171,6 +173,10 @@ class TrainARConfig:
         if self.ac_memory_limit_gib is not None and not self.ac_memory_limit_gib > 0:
             raise ConfigError(f"{where}.ac_memory_limit_gib must be > 0 (GiB of the step's peak per device) or null "
                               f"(0.9 of the GPU's memory); got {self.ac_memory_limit_gib}")
+        if not self.ac_plan_margin_gib >= 0 or (self.ac_memory_limit_gib is not None
+                                                 and self.ac_plan_margin_gib >= self.ac_memory_limit_gib):
+            raise ConfigError(f"{where}.ac_plan_margin_gib must be >= 0 and below ac_memory_limit_gib; got "
+                              f"{self.ac_plan_margin_gib}")
         if self.attention not in ("rows", "flex"):
             raise ConfigError(f"{where}.attention must be rows or flex; got {self.attention!r}")
         if self.latent_source not in ("cache", "online"):
