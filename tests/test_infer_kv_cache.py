@@ -157,3 +157,20 @@ def test_a_write_pass_must_append_the_chunk_once_in_every_layer(quant):
     cache = KVCache(2, 1, window=8, quant=quant)
     with pytest.raises(ValueError, match="appends 2 tokens a layer; layer 0 got 3"), cache.write(CHUNK):
         cache.for_layer(0)(torch.zeros(1, 1, 3, 16), torch.zeros(1, 1, 3, 16), torch.zeros(1, 1, 3, 16), None)
+
+
+@pytest.mark.parametrize("window, writes", [(8, 6), (None, 5), (12, 4), (6, 1)])
+def test_largest_buffer_is_the_largest_a_bf16_cache_takes(window, writes):
+    """distill_dmd's planner counts a rollout's cache by ``largest_buffer``: the rows a layer's buffer
+    really takes at its largest, its window filled or not."""
+    from longlive_core.infer.kv_cache import largest_buffer
+
+    cache, most = KVCache(1, 3, window=window, sink=SinkConfig(global_frames=2) if window else None), 0
+    for _ in range(writes):
+        x = torch.zeros(1, 1, CHUNK * 3, 4)
+        with cache.write(CHUNK):
+            cache.for_layer(0)(x, x, x, None)
+        most = max(most, cache.keys[0][0].rows.shape[2])
+    assert largest_buffer(writes, CHUNK * 3, None if window is None else window * 3) == most
+    if window is not None and writes * CHUNK > window - CHUNK:  # a full window: room for one chunk's reads
+        assert most == window * 3

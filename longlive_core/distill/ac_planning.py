@@ -30,7 +30,7 @@ from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, check_peak, memory_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
 from longlive_core.distributed.ac_profile import profile_block
-from longlive_core.infer.kv_cache import KVCache
+from longlive_core.infer.kv_cache import KVCache, largest_buffer
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.ac_planning import (
@@ -159,7 +159,11 @@ class DistillPlanner:
                 # the scores' forwards run on top of the generator's pass, every exit step's head copies
                 # held: those copies all count, and the larger transient of the two passes
                 "outside": generator_outside.held_bytes + generator_outside.head_bytes,
-                "kv_cache": blocks * 2 * (cfg.latent_frames - self.chunk) * tokens_per_frame * dim * item,
+                # the rollout's BF16 cache at its largest: every write but the last chunk's, in buffers
+                # with room for a chunk's reads (infer/kv_cache.py)
+                "kv_cache": blocks * 2 * dim * item * largest_buffer(
+                    cfg.latent_frames // self.chunk - 1, self.chunk * tokens_per_frame,
+                    None if cfg.window is None else cfg.window * tokens_per_frame),
                 "transient": max(p.transient_bytes for p in [*critic.values(), *generator.values()])})}
         out = {}
         for name, (profiles, counts, parts) in passes.items():

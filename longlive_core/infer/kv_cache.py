@@ -90,11 +90,30 @@ class PlainWindow:
         return self.rows[:, :, :end]
 
 
+def buffer_size(kept: int, chunk: int, capacity: int | None) -> int:
+    """Tokens of a new ``PlainWindow`` buffer holding ``kept``: room for two chunks (the next chunk's reads,
+    then its write in place), at most ``capacity`` (the window's: a chunk's room once it is full)."""
+    return max(kept, kept + 2 * chunk if capacity is None else min(capacity, kept + 2 * chunk))
+
+
+def largest_buffer(writes: int, chunk: int, capacity: int | None) -> int:
+    """The largest buffer (tokens) one layer of a BF16 cache takes over ``writes`` writes of ``chunk``
+    tokens, its window ``capacity`` tokens (None: unbounded): what a rollout's cache holds at most."""
+    kept = size = most = 0
+    for _ in range(writes):
+        total = kept + chunk
+        kept = total if capacity is None else min(total, capacity - chunk)  # the window drops the oldest
+        if kept < total or total > size:
+            size = buffer_size(kept, chunk, capacity)
+        most = max(most, size)
+    return most
+
+
 def appended(held: list[PlainWindow], new: torch.Tensor, ranges: list[tuple[int, int]],
              capacity: int | None) -> list[PlainWindow]:
     """The token ``ranges`` of [``held``; ``new``] as one ``PlainWindow``: in place where nothing is
-    dropped and ``new`` fits the room, else in a new buffer of ``capacity`` tokens (None: twice what it
-    holds), the kept ranges copied once."""
+    dropped and ``new`` fits the room, else in a new buffer (``buffer_size``), the kept ranges copied
+    once. A buffer grows only as the cache does: it holds at most two chunks more than the cache."""
     old = held[0] if held else None
     total = (old.tokens if old else 0) + new.shape[2]
     if old is not None and ranges == [(0, total)] and old.fits(new):
@@ -102,7 +121,7 @@ def appended(held: list[PlainWindow], new: torch.Tensor, ranges: list[tuple[int,
         return [PlainWindow(old.rows, total)]
     kept = sum(hi - lo for lo, hi in ranges)
     b, h, _, d = new.shape
-    rows = new.new_empty((b, h, max(capacity or 2 * kept, kept), d))
+    rows = new.new_empty((b, h, buffer_size(kept, new.shape[2], capacity), d))
     parts = ([old.data] if old is not None else []) + [new]
     at = 0
     for lo, hi in ranges:
