@@ -259,6 +259,27 @@ def test_nvfp4_packs_a_folder_under_the_nvfp4_recipe_it_trained_with(model_dir, 
     assert plain == "nvfp4"
 
 
+def test_the_scene_transition_prefix_follows_the_folder(model_dir, tmp_path):
+    import dataclasses
+    import shutil
+
+    from longlive_core.models.folder import read_dit_folder
+
+    folder = tmp_path / "no-prefix"
+    shutil.copytree(model_dir, folder)
+    config_of = read_dit_folder(folder)
+    write_config(dataclasses.replace(config_of, multi_shot=dataclasses.replace(
+        config_of.multi_shot, scene_transition_prefix=False)), folder)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(TWO_SHOTS)
+    shots = {}
+    for name, path in (("prefixed", model_dir), ("plain", folder)):
+        with Generator(path, config()) as generator:
+            shots[name] = [seg.prompt for shot in generator.prepare(prompts).plan for seg in shot.segments]
+    assert shots["prefixed"][2] == "The scene transitions. A city street at night"
+    assert shots["plain"] == ["A red kite over a beach", "The kite dives", "A city street at night"]
+
+
 def test_fp8_attention_goes_through_the_cache_and_is_refused_where_cudnn_cannot_run(model_dir, tmp_path, capsys,
                                                                                    monkeypatch):
     from longlive_core.infer import kv_cache

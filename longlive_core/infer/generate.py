@@ -160,12 +160,13 @@ class Generator:
         config, model = self.config, self.model
         sampling = run_sampling(self.folder, cfg, steps)
         latent = config.latent
-        segments = parse_prompts(text, cfg.default_duration_s, str(prompts))
+        prefixed = config.multi_shot.scene_transition_prefix  # the captions the model was trained on
+        segments = parse_prompts(text, cfg.default_duration_s, str(prompts), prefixed)
         encoder = text_encoder_from(self.encoders["text_encoder"], config.text_encoder.max_length, self.device)
         enhancement = None
         if cfg.enhance:
             enhancement = self.enhanced(text, segments, cfg, encoder, str(prompts))
-            segments = parse_prompts(enhancement.enhanced, cfg.default_duration_s, str(prompts))
+            segments = parse_prompts(enhancement.enhanced, cfg.default_duration_s, str(prompts), prefixed)
         plan = plan_shots(segments, config.video.fps, latent.chunk_frames, latent.temporal_stride)
         embedded = encoder.encode([s.prompt for s in segments])
         encoded_at = time.perf_counter()

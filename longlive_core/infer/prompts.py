@@ -60,7 +60,10 @@ def read_prompt_file(path: Path) -> str:
         raise PromptFileError(f"{path} is not UTF-8 text (byte {e.start}): save the prompt file as UTF-8") from None
 
 
-def parse_prompts(text: str, default_duration_s: float, source: str = "the prompt file") -> list[Segment]:
+def parse_prompts(text: str, default_duration_s: float, source: str = "the prompt file",
+                  scene_transition: bool = True) -> list[Segment]:
+    """``scene_transition``: every shot's prompt after the first begins with ``SCENE_TRANSITION``, as the
+    model's training captions did (its folder's ``multi_shot.scene_transition_prefix``)."""
     segments: list[Segment] = []
     shot = -1
     text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark, as some editors write one
@@ -93,7 +96,7 @@ def parse_prompts(text: str, default_duration_s: float, source: str = "the promp
             raise PromptFileError(f"{where}: no prompt")
         if not change:
             shot += 1
-        prefix = SCENE_TRANSITION if not change and shot > 0 else ""
+        prefix = SCENE_TRANSITION if scene_transition and not change and shot > 0 else ""
         segments.append(Segment(number, shot, prefix + prompt, duration, not change,
                                 ("+" if change else "") + (head + "\t" if "\t" in raw else ""), prompt))
     if not segments:
