@@ -113,6 +113,7 @@ def one_mode(args) -> dict:
                                  full_weights=args.one == "bf16-full")
             row["state_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2)  # weights and buffers before a step
             trainer.train_step(0)  # warm-up: compilation, optimizer state
+            torch.cuda.synchronize()  # its last kernels finish before the timing starts
             trainer.phases = PhaseTimes(torch.device("cuda"))
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()

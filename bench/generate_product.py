@@ -20,16 +20,18 @@ encoders' digests, as train_ar's do, and the user's digest memo is filled here, 
 user's first finds it.
 
 ``run`` loads one folder per process (one weight precision, as ``evaluate`` loads it for a suite),
-generates a one-chunk warm-up (its time to the first frame counts from the process's start: imports,
-loading, umT5, compiling; a row with a KV format or attention not run yet gets one more, unreported),
-then each row ``KV:STEPS[:ATTENTION]`` on the two-shot prompt file, and prints and
-appends to ``--json`` what the sidecar says: the denoise loop's and end-to-end FPS (decode and H.264
-included), the load's time, time to the first frame from the video's call and from its embedded
-prompts, peak memory until the prompts are embedded and while generating. ``--profile-chunks N``: after
-each row, a video of about N chunks (the window fills from the fourth) generated again with the row's
-settings under torch.profiler, its kernels printed by device time with the shares of attention, of
-the KV cache's (de)quantization and of the VAE's convolutions: where one row's time goes that
-another's does not.
+generates a warm-up of two shots (``write_warmup``: the window filled and rolled, then a new shot, so
+no kernel a timed video runs is built inside it; its time to the first frame counts from the process's
+start: imports, loading, umT5, compiling; a row with a KV format or attention not run yet gets one
+more, unreported), then each row ``KV:STEPS[:ATTENTION]`` on the two-shot prompt file, and prints and
+appends to ``--json`` what the sidecar says: the denoise loop's and end-to-end FPS (from the first
+chunk to the last frame written: decode and H.264 included, the prompts' embedding not), the FPS of
+the whole call (``call_fps``: umT5 loaded and the prompts embedded too), the load's time, time to the
+first frame from the video's call and from its embedded prompts, peak memory until the prompts are
+embedded and while generating. ``--profile-chunks N``: after each row, a video of about N chunks
+(the window fills from the fourth) generated again with the row's settings under torch.profiler, its
+kernels printed by device time with the shares of attention, of the KV cache's (de)quantization and
+of the VAE's convolutions: where one row's time goes that another's does not.
 """
 from __future__ import annotations
 
@@ -186,8 +188,17 @@ def make(root: Path, size: Size, device: str, w4a4: bool) -> None:
     shot = size.shot_seconds
     (root / "prompts.txt").write_text(f"{shot}\ta red kite over the beach at sunset\n"
                                       f"{shot}\tcity street at night rain neon lights camera pans slowly\n")
-    (root / "warmup.txt").write_text(f"{4 * size.chunk / 24}\ta red kite over the beach\n")
     print(f"made {root} in {time.perf_counter() - t0:.0f}s", flush=True)
+
+
+def write_warmup(path: Path, size: Size) -> Path:
+    """A warm-up prompt file that runs every kernel a timed video runs: a shot long enough to fill the
+    window and drop its oldest frames (each window length's attention, the cache's writes and reads,
+    cuDNN's graph per key length), then a second shot (the shot sink moved)."""
+    per_chunk = 4 * size.chunk / 24  # seconds of a chunk at 24 fps
+    path.write_text(f"{(size.window // size.chunk + 1) * per_chunk}\ta red kite over the beach\n"
+                    f"{per_chunk}\tcity street at night\n")
+    return path
 
 
 def process_age() -> float:
@@ -204,8 +215,8 @@ def production_generate(overrides: dict) -> GenerateConfig:
 
 
 ROW_KEYS = ("model", "precision", "recipe", "kv", "attention", "steps", "frames", "denoise_fps", "end_to_end_fps",
-            "load_s", "first_frame_s", "first_frame_after_prompt_s", "peak_memory_gib", "load_peak_memory_gib",
-            "wall_s")
+            "call_fps", "load_s", "first_frame_s", "first_frame_after_prompt_s", "peak_memory_gib",
+            "load_peak_memory_gib", "wall_s")
 
 
 def row_of(side: dict, model: str, precision: str, **more) -> dict:
@@ -213,7 +224,8 @@ def row_of(side: dict, model: str, precision: str, **more) -> dict:
     row = {"model": model, "precision": precision, "recipe": side["recipe"], "kv": side["kv"],
            "attention": side["attention"],
            "steps": len(side["steps"]) - 1, "frames": side["frames"], "denoise_fps": side["denoise_fps"],
-           "end_to_end_fps": side["end_to_end_fps"], "load_s": side["load_s"], "first_frame_s": side["first_frame_s"],
+           "end_to_end_fps": side["end_to_end_fps"], "call_fps": side["frames"] / side["wall_s"],
+           "load_s": side["load_s"], "first_frame_s": side["first_frame_s"],
            "first_frame_after_prompt_s": side["first_frame_after_prompt_s"],
            "peak_memory_gib": side["peak_memory_bytes"] / gib,
            "load_peak_memory_gib": (side["load_peak_memory_bytes"] or 0) / gib, "wall_s": side["wall_s"],
@@ -247,8 +259,9 @@ def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]]
             first.append(time.perf_counter())
 
     results = []
+    warmup = write_warmup(root / "warmup.txt", TINY if tiny else FULL)
     with Generator(root / model, production_generate({**base, "kv": rows[0][0], "attention": rows[0][2]})) as generator:
-        side = generator.generate(root / "warmup.txt", root / "warmup.mp4", rows[0][1], on_frame=stamp)
+        side = generator.generate(warmup, root / "warmup.mp4", rows[0][1], on_frame=stamp)
         results.append(row_of(side, model, precision, warmup=True, first_frame_from_process_s=first[0] - started))
         report(results[-1], out)
         warmed = {(rows[0][0], rows[0][2])}  # (KV format, attention) run so far
@@ -256,7 +269,7 @@ def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]]
             settings = production_generate({**base, "kv": kv, "attention": attention})
             if (kv, attention) not in warmed:  # a row's first kernels (Triton's, cuDNN's graphs) stay out of its video
                 warmed.add((kv, attention))
-                generator.generate(root / "warmup.txt", root / "warmup.mp4", steps, settings)
+                generator.generate(warmup, root / "warmup.mp4", steps, settings)
                 print(f"warm-up again: kv {kv}, attention {attention}", flush=True)
             side = generator.generate(root / "prompts.txt", root / f"{model}-{precision}-{kv}-{attention}-{steps}.mp4",
                                       steps, settings)

@@ -127,7 +127,13 @@ def main(argv: list[str] | None = None) -> None:
     cuda = device.type == "cuda"
     print(f"# {torch.cuda.get_device_name() if cuda else 'cpu'}, torch {torch.__version__}, {name} VAE, "
           f"{16 * h}x{16 * w}, {args.chunks} chunks of {chunk} latent frames, latents: {args.content}", flush=True)
-    reference, _ = decode_shot(fp32, latents, device)
+    # the reference in float32 throughout: torch lets cuDNN's float32 convolutions run in TF32 by default
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        reference, _ = decode_shot(fp32, latents, device)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     from torch.utils.flop_counter import FlopCounterMode
 
     fp32.start_shot()
