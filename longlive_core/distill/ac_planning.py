@@ -25,9 +25,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from longlive_core.config import ConfigError
 from longlive_core.distill.config import DistillDMDConfig
-from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, check_peak, memory_limit
+from longlive_core.distributed.ac_budget import (
+    BudgetCheckpointing,
+    PlanCache,
+    check_peak,
+    memory_limit,
+    plan_target,
+)
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
 from longlive_core.distributed.ac_profile import profile_block
 from longlive_core.infer.kv_cache import KVCache, largest_buffer
@@ -89,11 +94,7 @@ class DistillPlanner:
         # every role's model was wrapped (three copies for full weights): the blocks of one run a pass
         self.counts = {k: n // roles for k, n in budget.counts.items()}
         self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
-        self.margin = int(cfg.ac_plan_margin_gib * 2**30)
-        if self.margin >= self.limit:
-            raise ConfigError(f"{KEY.rpartition('.')[0]}.ac_plan_margin_gib ({cfg.ac_plan_margin_gib}) leaves the plan "
-                              f"no room under the limit of {self.limit / 2**30:.2f} GiB")
-        self.target = self.limit - self.margin  # what the plans aim for; the peak check holds the limit
+        self.margin, self.target = plan_target(self.limit, cfg.ac_plan_margin_gib, KEY)  # what the plans aim for
         memory = step_memory(model, optimizer, {}, dtype, device)
         grads = _bytes(trainable)
         self.memory = dataclasses.replace(memory, grads=grads, optimizer=0 if optimizer.state else 2 * grads)

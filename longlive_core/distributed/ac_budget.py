@@ -111,17 +111,30 @@ def memory_limit(limit_gib: float | None, device: torch.device, key: str) -> int
     return int(DEFAULT_SHARE * torch.cuda.get_device_properties(device).total_memory)
 
 
+def margin_key(key: str) -> str:
+    """The planning margin's key beside the limit's ``key`` (``<stage>.ac_memory_limit_gib``)."""
+    return key.rpartition(".")[0] + ".ac_plan_margin_gib"
+
+
+def plan_target(limit: int, margin_gib: float, key: str) -> tuple[int, int]:
+    """(margin, target) in bytes: the plans aim ``margin_gib`` below ``limit``, the check holds ``limit``."""
+    margin = int(margin_gib * 2**30)
+    if margin >= limit:
+        raise ConfigError(f"{margin_key(key)} ({margin_gib}) leaves the plan no room under the limit of "
+                          f"{limit / 2**30:.2f} GiB")
+    return margin, limit - margin
+
+
 def check_peak(measured: int, limit: int, predicted: int | None, key: str, step: int, margin: int = 0) -> None:
     """A measured peak above the limit is an error that says by how much, and what to set: the limit is
     also what the plan aims for (less ``margin``), so a plan that fell short needs a margin, not a lower limit
     (which would lower this check's threshold with it)."""
     if measured <= limit:
         return
-    margin_key = key.rpartition(".")[0] + ".ac_plan_margin_gib"
     short = measured - limit + margin if predicted is None else measured - predicted
     guess = "" if predicted is None else f"; the plan predicted {predicted / 2**30:.2f} GiB"
     raise ConfigError(f"{key}: step {step} peaked at {measured / 2**30:.2f} GiB, {(measured - limit) / 2**30:.2f} GiB "
-                      f"above the limit of {limit / 2**30:.2f} GiB{guess}: set {margin_key} to at least "
+                      f"above the limit of {limit / 2**30:.2f} GiB{guess}: set {margin_key(key)} to at least "
                       f"{max(short, measured - limit + margin) / 2**30:.2f} GiB (now {margin / 2**30:.2f}): the plan "
                       f"then aims that far below the limit")
 

@@ -40,8 +40,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from longlive_core.config import ConfigError
-from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, check_peak, memory_limit
+from longlive_core.distributed.ac_budget import (
+    BudgetCheckpointing,
+    PlanCache,
+    check_peak,
+    memory_limit,
+    plan_target,
+)
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, measured_plans, plan_blocks
 from longlive_core.distributed.ac_profile import compiled_block_trial, profile_block
 from longlive_core.models.rope import rope_cos_sin
@@ -242,11 +247,7 @@ class WindowPlanner:
         self.budget, self.cfg, self.model = budget, cfg, model
         self.grid, self.text_tokens, self.device, self.dtype = grid, text_tokens, device, dtype
         self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
-        self.margin = int(cfg.ac_plan_margin_gib * 2**30)
-        if self.margin >= self.limit:
-            raise ConfigError(f"{KEY.rpartition('.')[0]}.ac_plan_margin_gib ({cfg.ac_plan_margin_gib}) leaves the plan "
-                              f"no room under the limit of {self.limit / 2**30:.2f} GiB")
-        self.target = self.limit - self.margin  # what the plans aim for; the peak check holds the limit
+        self.margin, self.target = plan_target(self.limit, cfg.ac_plan_margin_gib, KEY)  # what the plans aim for
         self.memory = step_memory(model, optimizer, ema, dtype, device)
         self.cache = PlanCache(cache_dir)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
