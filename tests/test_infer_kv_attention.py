@@ -158,3 +158,30 @@ def test_a_window_off_the_gpu_is_read_by_torch():
     own = torch.randn(1, 2, 8, 32, dtype=torch.bfloat16)
     assert torch.equal(window([chunk], own), torch.cat([chunk.dequantize(torch.bfloat16), own], dim=2))
     assert torch.equal(window([], own), own)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+def test_the_bf16_cache_read_in_place_is_sdpa_over_the_concatenation_on_the_gpu():
+    """The BF16 cache's buffer view (``kv_cache.PlainWindow``, the 5B's heads, a full paper window) gives
+    SDPA's output over [cache; own] concatenated, bit for bit: the same values through the same kernel."""
+    from longlive_core.infer.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    tokens, heads, dim = 880, 24, 128
+    cache = KVCache(1, tokens, window=32)
+
+    def draw(frames: int) -> torch.Tensor:
+        return torch.randn(1, heads, frames * tokens, dim, device="cuda", dtype=torch.bfloat16)
+
+    held_k = held_v = None
+    for _ in range(4):  # 32 frames written in chunks of 8: the window fills and rolls
+        k, v = draw(8), draw(8)
+        with cache.write(8):
+            cache.for_layer(0)(draw(8), k, v, None)
+        held_k = k if held_k is None else torch.cat([held_k, k], 2)[:, :, -24 * tokens:]
+        held_v = v if held_v is None else torch.cat([held_v, v], 2)[:, :, -24 * tokens:]
+    q, k, v = draw(8), draw(8), draw(8)
+    attn = cache.for_layer(0)
+    assert attn._in_place(q, k, v)
+    expected = F.scaled_dot_product_attention(q, torch.cat([held_k, k], 2), torch.cat([held_v, v], 2))
+    assert torch.equal(attn(q, k, v, None), expected)
