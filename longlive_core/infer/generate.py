@@ -111,12 +111,16 @@ class Generator:
         self.model_dir, self.cfg, self.shard = Path(model_dir), cfg, shard
         self.device = pick_device(cfg.device, "generate.device")
         self.folder = read_dit_folder(self.model_dir)
-        run_sampling(self.folder, cfg, None)  # the folder's sampling under these settings: refused before loading
+        # what would fail once the model is loaded is refused before: the folder's sampling under these
+        # settings, --sp that does not split the model, FP8 attention where cuDNN's cannot run
+        run_sampling(self.folder, cfg, None)
+        heads, chunk = self.folder.dit_config.num_heads, self.folder.latent.chunk_frames
+        if heads % shard.size or chunk % shard.size:
+            raise ConfigError(f"--sp {shard.size}: the model's {heads} attention heads and {chunk}-frame chunks must "
+                              f"both split over {shard.size} ranks")
+        check_attention(cfg, self.device)
         self.encoders = check_encoders(self.folder, self.model_dir)  # the ones it was made with, before loading
         self.model, self.config, self.recipe = prepare_model(self.model_dir, cfg.precision, self.device)
-        if self.model.cfg.num_heads % shard.size:
-            raise ConfigError(f"--sp {shard.size}: the model's {self.model.cfg.num_heads} attention heads do not "
-                              f"split over {shard.size} ranks")
         if cfg.compile:
             for block in self.model.blocks:
                 block.compile()
@@ -155,8 +159,7 @@ class Generator:
             raise RuntimeError("this Generator was closed")
         text = read_prompt_file(prompts)
         cfg = self.settings(cfg)
-        if cfg.attention == "fp8" and (missing := attention_cudnn_fp8.unavailable_reason(self.device)):
-            raise ConfigError(f"generate.attention is fp8 (cuDNN's FP8 attention) but {missing}: use sdpa here")
+        check_attention(cfg, self.device)  # a video's own settings may ask for it
         config, model = self.config, self.model
         sampling = run_sampling(self.folder, cfg, steps)
         latent = config.latent
@@ -305,20 +308,18 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     """One video: ``Generator.generate`` on a model loaded for it (the prompt file checked first)."""
     text = read_prompt_file(Path(prompts))
     check_out(Path(out))
-    # what would fail once the model is loaded fails before it: --steps the folder cannot run, a bad prompt line,
-    # --sp that does not split the model, FP8 attention where cuDNN's cannot run
-    folder = read_dit_folder(Path(model_dir))
-    run_sampling(folder, cfg, steps)
+    # what would fail once the model is loaded fails before it: --steps the folder cannot run, a bad prompt line
+    # (the generator refuses the rest before loading)
+    run_sampling(read_dit_folder(Path(model_dir)), cfg, steps)
     parse_prompts(text, cfg.default_duration_s, str(prompts))
-    heads, chunk = folder.dit_config.num_heads, folder.latent.chunk_frames
-    if heads % shard.size or chunk % shard.size:
-        raise ConfigError(f"--sp {shard.size}: the model's {heads} attention heads and {chunk}-frame chunks must both "
-                          f"split over {shard.size} ranks")
-    if cfg.attention == "fp8" and (missing := attention_cudnn_fp8.unavailable_reason(
-            pick_device(cfg.device, "generate.device"))):
-        raise ConfigError(f"generate.attention is fp8 (cuDNN's FP8 attention) but {missing}: use sdpa here")
     with Generator(model_dir, cfg, shard) as generator:
         return generator.generate(prompts, out, steps, on_frame=on_frame)
+
+
+def check_attention(cfg: GenerateConfig, device: torch.device) -> None:
+    """``generate.attention: fp8`` only where cuDNN's FP8 attention can run."""
+    if cfg.attention == "fp8" and (missing := attention_cudnn_fp8.unavailable_reason(device)):
+        raise ConfigError(f"generate.attention is fp8 (cuDNN's FP8 attention) but {missing}: use sdpa here")
 
 
 def check_out(out: Path) -> None:

@@ -27,8 +27,8 @@ def teacher_schedule(steps: int, shift: float, num_train_timesteps: int = 1000) 
     """``steps`` timesteps of a flow-matching model's own shifted schedule (the AR model's many-step
     sampler), descending from ``num_train_timesteps``, then 0 (repeats after rounding merged)."""
     if not 1 <= steps <= num_train_timesteps:
-        raise ValueError(f"a schedule of {num_train_timesteps} timesteps takes 1 to {num_train_timesteps} steps; "
-                         f"got {steps}")
+        raise ValueError(f"schedule has {num_train_timesteps} timesteps: ask for 1 to {num_train_timesteps} steps, "
+                         f"not {steps}")
     flow = FlowMatching(num_train_timesteps, shift)
     ts = flow.timestep(flow.sigmas(torch.arange(steps) * (num_train_timesteps // steps))).round().int().tolist()
     return (*sorted(set(ts), reverse=True), 0)

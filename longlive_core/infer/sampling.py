@@ -28,15 +28,20 @@ def run_sampling(folder: DiTFolder, cfg: GenerateConfig, steps: int | None = Non
 
     own = folder.sampling
     many_step = own.kind == "flow-matching"
+
+    def ar_schedule(n: int, asked: str) -> tuple[int, ...]:
+        """The AR folder's own schedule in ``n`` steps (``asked``: the setting, for the error)."""
+        try:
+            return teacher_schedule(n, own.timestep_shift or 5.0, own.num_train_timesteps or 1000)
+        except ValueError as exc:
+            raise ConfigError(f"{asked}: this AR folder's {exc}") from None
+
     if steps is not None:
         source = f"--steps {steps}"
         if steps < 1:
             raise ConfigError(f"--steps must be at least 1; got {steps}")
-        if many_step and steps > (own.num_train_timesteps or 1000):
-            raise ConfigError(f"--steps {steps}: this AR folder's schedule has {own.num_train_timesteps or 1000} "
-                              "timesteps; ask for at most that many")
         if many_step:
-            step_list = teacher_schedule(steps, own.timestep_shift or 5.0, own.num_train_timesteps or 1000)
+            step_list = ar_schedule(steps, source)
         elif own.steps is not None and len(own.steps) - 1 == steps:
             step_list, source = tuple(own.steps), FOLDER
         else:
@@ -48,10 +53,7 @@ def run_sampling(folder: DiTFolder, cfg: GenerateConfig, steps: int | None = Non
     elif cfg.step_list is not None:
         step_list, source = tuple(cfg.step_list), PARAMS
     elif many_step:
-        if cfg.ar_steps > (own.num_train_timesteps or 1000):
-            raise ConfigError(f"generate.ar_steps is {cfg.ar_steps}: this AR folder's schedule has "
-                              f"{own.num_train_timesteps or 1000} timesteps; ask for at most that many")
-        step_list = teacher_schedule(cfg.ar_steps, own.timestep_shift or 5.0, own.num_train_timesteps or 1000)
+        step_list = ar_schedule(cfg.ar_steps, f"generate.ar_steps is {cfg.ar_steps}")
         source = f"{PARAMS} (ar_steps {cfg.ar_steps} on the folder's schedule)"
     elif own.steps is not None:
         step_list, source = tuple(own.steps), FOLDER
