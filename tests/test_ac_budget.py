@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import itertools
 import math
 import random
 from pathlib import Path
@@ -22,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.distill.ac_planning import chunk_inputs
 from longlive_core.distill.config import DistillDMDConfig
-from longlive_core.distributed.ac_budget import BudgetCheckpointing, block_kind, check_peak, require_limit
+from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, block_kind, check_peak, require_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, measured_plans, plan_block, plan_blocks
 from longlive_core.distributed.ac_profile import compiled_block_trial, profile_block
 from longlive_core.distributed.parallelize import apply_activation_checkpointing, clean_name
@@ -327,6 +328,54 @@ def test_with_frozen_embeddings_a_profile_reads_what_the_models_own_block_saves(
     assert sum(op.bytes for op in profile_block(model.blocks[1], training).ops if op.candidate) > reads
 
 
+def non_monotone_search() -> tuple[BlockProfile, object]:
+    """A toy whose measured search is not monotone: keeping a slow op shrinks the backward's transient,
+    and the rooms the rounds try at 1,350 bytes settle on a plan that recomputes more than 1,300's."""
+    rng = random.Random(12)
+    ops = tuple(OpCost(f"aten.mm.default#{i}", rng.randint(50, 500), rng.uniform(1e-4, 1e-3), True) for i in range(8))
+    by_id = {op.id: op for op in ops}
+    slow = {op.id for op in ops if op.seconds > 6e-4}
+
+    def measure(kind, saved):
+        return sum(by_id[i].bytes for i in saved), 800 - 60 * len(slow & set(saved)), 1.0
+
+    return BlockProfile(ops, 0.01, 1, 1, "cpu"), measure
+
+
+def test_more_memory_never_gives_a_slower_plan_than_a_smaller_limits_cached_one(tmp_path):
+    profile, measure = non_monotone_search()
+
+    def entry(limit: int) -> dict:
+        m = measured_plans({"a": profile}, {"a": 1}, 0, limit, measure)
+        return ac_planning.plan_entry({"a": profile}, m.plans, {"a": 1}, {"transient": m.transient_bytes},
+                                      m.kept_bytes, 0, m.fused_shares, m.share_trials, m.room_trials)
+
+    small, large = entry(1300), entry(1350)
+    assert large["recompute_s"] > small["recompute_s"]  # each search on its own
+    cache, key = PlanCache(tmp_path), {"shape": [1, 2], "limit": 1350}
+    for limit, e in [(1300, small), (1350, large), (1400, entry(1400))]:
+        cache.put({**key, "limit": limit}, e)
+    faster = {**small, "plans": {"a": ACPlan(tuple(op.id for op in profile.ops), 1, 0, 0.01, 1).to_json()}}
+    cache.put({"shape": [1, 3], "limit": 1000}, faster)  # another shape's: never a candidate
+    cache.put({**key, "limit": 1200}, {**faster, "predicted_peak": 1351})  # its peak is above 1,350
+    (tmp_path / "half.json").write_text('{"format": 1')
+    assert sorted(limit for limit, _ in cache.below(key)) == [1200, 1300]  # this shape's, below 1,350, whole
+    chosen = ac_planning.fastest_entry(large, cache.below(key), {"a": 1}, 1350)
+    assert ACPlan.from_json(chosen["plans"]["a"]) == ACPlan.from_json(small["plans"]["a"])
+    assert chosen["planned_for"] == 1300
+    assert ac_planning.fastest_entry(small, cache.below({**key, "limit": 1300}), {"a": 1}, 1300) is small
+    assert ac_planning.entry_metrics(chosen, "4f", None)["ac_planned_for_gib_4f"] == 1300 / 2**30
+    # over a sweep of limits cached in any order, what each limit runs never recomputes more than a smaller one's
+    limits = list(range(900, 3000, 50))
+    sweep = PlanCache(tmp_path / "sweep")
+    for limit in random.Random(0).sample(limits, len(limits)):
+        sweep.put({**key, "limit": limit}, entry(limit))
+    runs = [ac_planning.fastest_entry(sweep.get({**key, "limit": limit}), sweep.below({**key, "limit": limit}),
+                                      {"a": 1}, limit) for limit in limits]
+    assert all(r["predicted_peak"] <= limit for r, limit in zip(runs, limits, strict=True))
+    assert all(b["recompute_s"] <= a["recompute_s"] for a, b in itertools.pairwise(runs))
+
+
 TWO_LENGTHS = {"x": ("train", [4]), "y": ("train", [8]), "z": ("train", [6]), "v": ("val", [4])}
 BASE = {"model": "tiny", "steps": 2, "grad_accum": 2, "chunk_frames": 2, "max_latent_frames": 8,
         "optimizer": {"lr": 1e-3}, "ema": {"decay": 0.9, "start_step": 1}, "val_every": 0, "checkpoint_every": 2,
@@ -371,6 +420,22 @@ def test_plans_are_cached_reused_and_made_for_a_new_window_length(tmp_path, two_
     shorter.planner.use(2)  # a window first seen mid-run (one rank): planned when it comes
     assert profiled[5:] == [2] and shorter.budget._saved == {k: frozenset(p.saved)
                                                               for k, p in shorter.budget.plans[2].items()}
+
+
+def test_a_limit_whose_own_plans_recompute_more_runs_a_smaller_limits_cached_ones(tmp_path, two_lengths, gloo_world,
+                                                                                    monkeypatch):
+    plans = tmp_path / "plans"
+    first = budget_trainer(two_lengths, tmp_path / "a", plans)  # 1 GiB: some outputs kept
+    real = ac_planning.plan_blocks
+    # a search at 2 GiB that keeps nothing: slower than what 1 GiB's kept
+    monkeypatch.setattr(ac_planning, "plan_blocks", lambda profiles, counts, limit, *rest, **kw:
+                        real(profiles, counts, 0, *rest, **kw))
+    larger = budget_trainer(two_lengths, tmp_path / "b", plans, ac_memory_limit_gib=2.0)
+    assert larger.budget.plans == first.budget.plans
+    assert all(any(p.saved for p in first.budget.plans[w].values()) for w in (4, 8))
+    summary = larger.planner.summary()
+    assert summary["ac_planned_for_gib_4f"] == summary["ac_planned_for_gib_8f"] == 1.0
+    assert len(list(plans.glob("*.json"))) == 4  # 2 GiB's own plans cached beside them
 
 
 def test_a_budget_run_trains_as_a_run_without_checkpointing_and_reports_its_plans(tmp_path, two_lengths, gloo_world):

@@ -45,6 +45,7 @@ from longlive_core.train.ac_planning import (
     cast_probes,
     embeddings_need_grad,
     entry_metrics,
+    fastest_entry,
     forked_rng,
     log_plan,
     plan_entry,
@@ -109,6 +110,11 @@ class DistillPlanner:
         return self.cfg.grad_frames // self.chunk
 
     @property
+    def pass_counts(self) -> dict[str, dict[str, int]]:
+        """The blocks each pass runs, of each kind (the generator's once per grad chunk)."""
+        return {"critic": dict(self.counts), "generator": {k: self.grad_chunks * n for k, n in self.counts.items()}}
+
+    @property
     def past_frames(self) -> int:
         """The most frames a grad chunk's cache holds."""
         window = self.cfg.latent_frames if self.cfg.window is None else min(self.cfg.window, self.cfg.latent_frames)
@@ -150,12 +156,13 @@ class DistillPlanner:
         g = self.grad_chunks
         critic_outside = OutsideBlocks(2 * cfg.latent_frames * tokens_per_frame, dim, item)
         generator_outside = OutsideBlocks(self.chunk * tokens_per_frame, dim, item, passes=g)
+        counts = self.pass_counts
         passes = {
-            "critic": (critic, self.counts, {
+            "critic": (critic, counts["critic"], {
                 **static, "block_inputs": blocks * max(p.input_bytes for p in critic.values()),
                 "outside": critic_outside.held_bytes,
                 "transient": critic_outside.transient(max(p.transient_bytes for p in critic.values()))}),
-            "generator": (generator, {k: g * n for k, n in self.counts.items()}, {
+            "generator": (generator, counts["generator"], {
                 **static, "block_inputs": g * blocks * max(p.input_bytes for p in generator.values()),
                 # the scores' forwards run on top of the generator's pass, every exit step's head copies
                 # held: those copies all count, and the larger transient of the two passes
@@ -181,7 +188,11 @@ class DistillPlanner:
             report = agree(self._plan())
             if self.rank == 0:
                 self.cache.put(key, report)
-        self.report = report
+        if self.rank == 0:  # each pass's fastest of its plans at this and every smaller cached limit
+            below = self.cache.below(key)
+            report = {name: fastest_entry(report[name], [(limit, r[name]) for limit, r in below],
+                                          self.pass_counts[name], self.target) for name in PASSES}
+        self.report = report = agree(report if self.rank == 0 else None)
         for name in PASSES:
             self.budget.plans[name] = {k: ACPlan.from_json(p) for k, p in report[name]["plans"].items()}
             log_plan(KEY, f"the {name}'s pass", report[name], self.target)

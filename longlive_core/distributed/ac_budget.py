@@ -165,6 +165,23 @@ class PlanCache:
             return None
         return entry["value"]
 
+    def below(self, key: dict, field: str = "limit") -> list[tuple[float, dict]]:
+        """(``field``'s value, entry) of every cached entry whose key is ``key`` but for a smaller
+        ``field``."""
+        want = json.loads(json.dumps(key))
+        out = []
+        for path in sorted(self.root.glob("*.json")):
+            try:
+                entry = json.loads(path.read_text())
+                other = entry["key"]
+                if entry.get("format") != FORMAT or other.keys() != want.keys() or other[field] >= want[field] \
+                        or any(other[k] != v for k, v in want.items() if k != field):
+                    continue
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # not a plan of this format (written by hand, or half a file from before atomic writes)
+            out.append((other[field], entry["value"]))
+        return out
+
     def put(self, key: dict, value: dict) -> None:
         with atomic_path(self._path(key)) as tmp:
             tmp.write_text(json.dumps({"format": FORMAT, "key": key, "value": value}, sort_keys=True))

@@ -31,9 +31,11 @@ never gives a slower plan. Times are counted in whole nanoseconds, so that holds
 
 A compiled step's plan is then sized by measurement (``measured_plans``): the rooms it tries follow
 from what each trial measured, so two limits may try different rooms, and the plan kept at a larger
-limit can recompute more than one a smaller limit's trials found. The priced plans above are monotone
-by construction; the measured choice is the fastest plan measured within the limit, and its record
-(``MeasuredPlan.room_trials``) says which rooms were tried.
+limit can recompute more than one a smaller limit's trials found. The measured choice is the fastest
+plan measured within the limit, and its record (``MeasuredPlan.room_trials``) says which rooms were
+tried; a trainer then runs the fastest of it and the plans cached for smaller limits of the same
+shapes (``train.ac_planning.fastest_entry``, each priced here by ``priced_ns``), so that more memory
+never gives a slower plan than a smaller limit's.
 """
 from __future__ import annotations
 
@@ -192,6 +194,27 @@ def plan_blocks(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int],
         plans[kind] = ACPlan(tuple(op.id for op in ops), sum(op.bytes for op in ops), recompute / 1e9, forward / 1e9,
                              int(limit_bytes))
     return plans
+
+
+def priced_ns(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int], plans: Mapping[str, ACPlan],
+              fused_shares: Mapping[str, float] | None = None) -> int | None:
+    """The nanoseconds ``plans`` recompute in all, priced by ``profiles`` as ``plan_blocks`` prices
+    (``fused_shares`` given: as the compiled partitioner recomputes, at those shares; else the forward
+    less what is kept): plans made from another profile of the same shapes compared on one scale. None
+    where a plan keeps an op ``profiles`` lack, or lacks a kind."""
+    total = 0
+    for kind, profile in profiles.items():
+        plan = plans.get(kind)
+        index = {op.id: i for i, op in enumerate(profile.ops)}
+        if plan is None or any(op not in index for op in plan.saved):
+            return None
+        saved = {index[op] for op in plan.saved}
+        if fused_shares:
+            ns = _ns(profile.recomputed_s(saved, fused_shares.get(kind, 1.0)))
+        else:
+            ns = max(0, _ns(profile.forward_s) - sum(_ns(profile.ops[i].seconds) for i in saved))
+        total += counts[kind] * ns
+    return total
 
 
 def _compiled_order(profiles: Mapping[str, BlockProfile], counts: Mapping[str, int],

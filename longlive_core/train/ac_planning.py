@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -47,7 +48,7 @@ from longlive_core.distributed.ac_budget import (
     memory_limit,
     plan_target,
 )
-from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, measured_plans, plan_blocks
+from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, measured_plans, plan_blocks, priced_ns
 from longlive_core.distributed.ac_profile import compiled_block_trial, profile_block
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
@@ -209,6 +210,27 @@ def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], coun
             "saved": sum(len(p.saved) for p in plans.values())}
 
 
+def fastest_entry(entry: dict, below: list[tuple[float, dict]], counts: Mapping[str, int], target: int) -> dict:
+    """Of ``entry`` and the entries cached for smaller limits (``PlanCache.below``: (limit, entry)), the
+    one whose plans recompute least priced by ``entry``'s profiles and fused shares, among those whose
+    predicted peak holds ``target`` (on a tie the fewer bytes kept, then ``entry``). Each limit's plans
+    come from a search of its own, and a measured search tries rooms that follow from what it measured:
+    this is what makes more memory never give a slower plan than a smaller limit's cached one. An entry
+    of another limit says which (``planned_for``)."""
+    profiles = {k: BlockProfile.from_json(p) for k, p in entry["profiles"].items()}
+    shares = entry.get("fused_shares") or None
+
+    def cost(e: dict) -> int | None:
+        return priced_ns(profiles, counts, {k: ACPlan.from_json(p) for k, p in e["plans"].items()}, shares)
+
+    best, rank = entry, (cost(entry), entry["kept"], 0)
+    for limit, other in below:
+        price = cost(other)
+        if price is not None and other["predicted_peak"] <= target and (price, other["kept"], 1) < rank:
+            best, rank = {**other, "planned_for": limit}, (price, other["kept"], 1)
+    return best
+
+
 def log_plan(key: str, what: str, entry: dict, limit: int) -> None:
     """``what``: the planned shape, as a log line names it ("32-frame windows", "the critic's pass")."""
     if entry["predicted_peak"] > limit:
@@ -219,6 +241,9 @@ def log_plan(key: str, what: str, entry: dict, limit: int) -> None:
              "predicted peak %.2f GiB of %.2f", key, what, entry["saved"], entry["candidates"], entry["kept"] / 2**30,
              100 * entry["recompute_s"] / max(entry["forward_s"], 1e-12), entry["predicted_peak"] / 2**30,
              limit / 2**30)
+    if "planned_for" in entry:
+        log.info("%s: %s: the plans made for %.2f GiB (cached), which recompute less than this limit's own", key, what,
+                 entry["planned_for"] / 2**30)
 
 
 def entry_metrics(entry: dict, suffix: str, matched: float | None) -> dict[str, float]:
@@ -232,6 +257,8 @@ def entry_metrics(entry: dict, suffix: str, matched: float | None) -> dict[str, 
         out[f"ac_planned_kept_gib_{suffix}"] = entry["planned_kept"] / 2**30
     if matched is not None:  # below 1: the policy never met some saved ids (renamed ops under compile)
         out[f"ac_saved_matched_{suffix}"] = matched
+    if "planned_for" in entry:  # a smaller limit's plans, faster than this limit's search found
+        out[f"ac_planned_for_gib_{suffix}"] = entry["planned_for"] / 2**30
     if entry.get("fused_shares"):  # compiled: the fusible ops' recomputation against their eager time
         out[f"ac_fused_share_{suffix}"] = max(entry["fused_shares"].values())
     return out
@@ -285,8 +312,14 @@ class WindowPlanner:
                                       self.cfg.sp)
         key = self._key(window)
         entry = agree(self.cache.get(key) if self.rank == 0 else None)
-        if entry is not None:
-            return entry
+        if entry is None:
+            entry = self._profiled(layout, key)
+        # rank 0's choice on every rank, as its plans are
+        return agree(fastest_entry(entry, self.cache.below(key), self.budget.counts, self.target)
+                     if self.rank == 0 else None)
+
+    def _profiled(self, layout: TeacherForcingLayout, key: dict) -> dict:
+        """``layout``'s plans made now from a profile of its blocks (collective), cached under ``key``."""
         counts = self.budget.counts
         outside = OutsideBlocks(2 * layout.local_frames * layout.tokens_per_frame, self.model.cfg.dim,
                                 self.dtype.itemsize)
