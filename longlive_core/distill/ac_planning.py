@@ -40,13 +40,13 @@ from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.ac_planning import (
     OutsideBlocks,
-    _bytes,
     block_inputs,
     cast_probes,
     embeddings_need_grad,
     entry_metrics,
     fastest_entry,
     forked_rng,
+    local_bytes,
     log_plan,
     plan_entry,
     step_memory,
@@ -97,7 +97,7 @@ class DistillPlanner:
         self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
         self.margin, self.target = plan_target(self.limit, cfg.ac_plan_margin_gib, KEY)  # what the plans aim for
         memory = step_memory(model, optimizer, {}, dtype, device)
-        grads = _bytes(trainable)
+        grads = local_bytes(trainable)
         self.memory = dataclasses.replace(memory, grads=grads, optimizer=0 if optimizer.state else 2 * grads)
         self.cache = PlanCache(cache_dir)
         self.rank = dist.get_rank()

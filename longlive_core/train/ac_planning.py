@@ -64,7 +64,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _bytes(tensors) -> int:
+def local_bytes(tensors) -> int:
+    """What ``tensors`` hold on this rank (a DTensor's local shard)."""
     return sum(_local(t).numel() * t.element_size() for t in tensors)
 
 
@@ -89,8 +90,8 @@ def step_memory(model: WanDiT, optimizer: torch.optim.Optimizer, ema: dict[str, 
     if device.type == "cuda":
         resident = torch.cuda.memory_allocated(device)
     else:  # no allocator statistics: the shards and the EMA
-        resident = _bytes(params) + _bytes(ema.values()) + _bytes(model.buffers())
-    grads = _bytes(trainable)
+        resident = local_bytes(params) + local_bytes(ema.values()) + local_bytes(model.buffers())
+    grads = local_bytes(trainable)
     return StepMemory(resident, grads, 0 if optimizer.state else 2 * grads, fsdp_bytes(model, dtype))
 
 
@@ -335,7 +336,7 @@ class WindowPlanner:
                 # and kept outputs, so the step holds the larger of the two, not both (with accumulation
                 # the later micro-batches run over every gradient); what outgrows the inputs is absorbed
                 # by kept outputs
-                block_grads = _bytes(p for p in self.model.blocks.parameters() if p.requires_grad)
+                block_grads = local_bytes(p for p in self.model.blocks.parameters() if p.requires_grad)
                 replaced = min(block_grads, parts["block_inputs"])
                 parts["grads"] -= replaced
                 absorbed = block_grads - replaced
