@@ -96,6 +96,7 @@ def run_config(args, cache: Path, recipe: str, ac: str, compiled: bool, attentio
                "frames": frames, "tokens": tokens}
         try:
             torch.cuda.empty_cache()
+            # the peak from the first (compiling) step on: what the trainer's own check holds to the limit
             torch.cuda.reset_peak_memory_stats()
             times, flops = [], 0.0
             for i in range(args.steps + 2):
