@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.distill.ac_planning import chunk_inputs
 from longlive_core.distill.config import DistillDMDConfig
+from longlive_core.distributed import ac_plan
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, block_kind, check_peak, require_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, measured_plans, plan_block, plan_blocks
 from longlive_core.distributed.ac_profile import compiled_block_trial, profile_block
@@ -365,6 +366,11 @@ def test_more_memory_never_gives_a_slower_plan_than_a_smaller_limits_cached_one(
     assert chosen["planned_for"] == 1300
     assert ac_planning.fastest_entry(small, cache.below({**key, "limit": 1300}), {"a": 1}, 1300) is small
     assert ac_planning.entry_metrics(chosen, "4f", None)["ac_planned_for_gib_4f"] == 1300 / 2**30
+    # where the plans were measured (compiled), by their measured time; an entry without one is no candidate
+    timed = ac_planning.fastest_entry({**large, "measured_s": 2.0}, [(1200, {**small, "measured_s": 1.5}),
+                                                                    (1300, {**small, "measured_s": 1.8}),
+                                                                    (1250, small)], {"a": 1}, 1350)
+    assert (timed["measured_s"], timed["planned_for"]) == (1.5, 1200)
     # over a sweep of limits cached in any order, what each limit runs never recomputes more than a smaller one's
     limits = list(range(900, 3000, 50))
     sweep = PlanCache(tmp_path / "sweep")
@@ -608,6 +614,31 @@ def test_a_plan_that_keeps_more_is_tried_where_its_smaller_transient_lets_it_fit
     # the big output alone and its transient overshoot, and the small ones leave the 1,200: nothing fits,
     # and no reach over the limit is kept
     assert measured_plans({"a": profile}, {"a": 1}, 0, 1000 + transient_with_big - 1, measure).plans["a"].saved == ()
+
+
+def test_a_plan_is_chosen_by_its_measured_time_and_the_best_room_filled_along_other_shares_orders(monkeypatch):
+    """The floor and everything-kept trials put the fused share at 1.0, so the room's order takes two
+    elementwise outputs (each predicted to spare 0.6 ms) before the matmul's (1 ms); their recomputation
+    really costs a quarter of that. Filled along half the share's order, the room keeps the matmul's
+    output, and that plan is measured faster: it is kept, though predicted slower."""
+    ops = (OpCost("aten.mm.default#0", 100, 1e-3, True), *(OpCost(f"aten.mul.Tensor#{i}", 50, 6e-4, True)
+                                                           for i in range(4)))
+    profile = BlockProfile(ops, 0.01, 1, 1, "cpu")
+
+    def measure(kind, saved):
+        if not saved:
+            return 0, 10, 1.0034  # against everything kept: (3.4 - 1.0 unfused) / 2.4 fused, a share of 1.0
+        return 50 * len(saved) + 50 * ("aten.mm.default#0" in saved), 10, 1.0 + 1e-3 * (
+            "aten.mm.default#0" not in saved) + 0.25 * 6e-4 * sum(op.id not in saved for op in ops[1:])
+
+    chosen = measured_plans({"a": profile}, {"a": 1}, 0, 110, measure)
+    assert chosen.fused_shares["a"] == pytest.approx(1.0)
+    assert chosen.plans["a"].saved == ("aten.mm.default#0",) and chosen.seconds == pytest.approx(1.0006)
+    assert [t["share_factor"] for t in chosen.room_trials] == [1.0, 0.5]  # 2.0 orders as 1.0 did: not measured again
+    monkeypatch.setattr(ac_plan, "SHARE_FACTORS", ())
+    alone = measured_plans({"a": profile}, {"a": 1}, 0, 110, measure)
+    assert len(alone.plans["a"].saved) == 2 and alone.seconds > chosen.seconds
+    assert alone.plans["a"].recompute_s < chosen.plans["a"].recompute_s  # predicted faster at the shares
 
 
 def test_a_reach_that_overshoots_bisects_and_is_never_kept():

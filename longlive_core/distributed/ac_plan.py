@@ -31,11 +31,13 @@ never gives a slower plan. Times are counted in whole nanoseconds, so that holds
 
 A compiled step's plan is then sized by measurement (``measured_plans``): the rooms it tries follow
 from what each trial measured, so two limits may try different rooms, and the plan kept at a larger
-limit can recompute more than one a smaller limit's trials found. The measured choice is the fastest
-plan measured within the limit, and its record (``MeasuredPlan.room_trials``) says which rooms were
-tried; a trainer then runs the fastest of it and the plans cached for smaller limits of the same
-shapes (``train.ac_planning.fastest_entry``, each priced here by ``priced_ns``), so that more memory
-never gives a slower plan than a smaller limit's.
+limit can be slower than one a smaller limit's trials found. The measured choice is the plan whose
+blocks were measured fastest within the limit (not the one predicted to recompute least: the best
+room is also filled along the orders of other fused shares, which are a small difference of two
+measured times), and its record (``MeasuredPlan.room_trials``) says which rooms were tried. A trainer
+then runs the fastest of it and the plans cached for smaller limits of the same shapes
+(``train.ac_planning.fastest_entry``: by measured time, or priced by ``priced_ns`` where the step does
+not compile), so more memory never gives a slower plan than a smaller limit's.
 """
 from __future__ import annotations
 
@@ -50,11 +52,12 @@ GRID = 16384  # the knapsack's units over all candidates at most: each ~0.006% o
 FILL_ROOMS = 256  # the equal steps of room a compiled plan is also filled into (besides the order's prefixes)
 SWAP_CANDIDATES = 4  # a compiled plan's swaps try the outputs left out that would spare the most time alone
 SWAPS = 4  # swaps per room at most
+SHARE_FACTORS = (0.5, 2.0)  # a measured plan's room is filled again with the fused shares scaled by these
 # bumped when a profile or plan means something else (5: compiled plans priced fused; 6: a head's copies
 # no longer beside a block's transient; 7: profiled with the caption and modulation needing gradients only
-# where the step's do; 8: compiled plans swap; 9: measured plans reach past the rounds): cached ones are
-# then not read
-FORMAT = 9
+# where the step's do; 8: compiled plans swap; 9: measured plans reach past the rounds; 10: measured plans
+# chosen, and compared with smaller limits', by their measured time): cached ones are then not read
+FORMAT = 10
 
 
 def _ns(seconds: float) -> int:
@@ -334,6 +337,7 @@ class MeasuredPlan:
     # its predicted recomputation, whether its peak held (which room a run settled on, and why) and the
     # compiled trials it cost (0 where every kind's plan was measured before)
     room_trials: tuple[dict, ...] = ()
+    seconds: float = 0.0  # every block's forward and backward as measured with these plans (what a plan is chosen by)
 
     def peak(self, static: int) -> int:
         return static + self.kept_bytes + self.transient_bytes
@@ -345,16 +349,19 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     compiled block of ``kind`` keeps, what its backward adds at once and the seconds its forward and
     backward take, with the outputs ``saved`` names kept (``ac_profile.compiled_block_trial``);
     ``static`` is everything else the step holds (the floor less its transient); ``least_transient``: a
-    transient outside the blocks (the head's backward) that the step's transient is at least. Each kind's fusible
-    ops are priced at the share of their eager time that its blocks measured with nothing and with
-    every output kept (``BlockProfile.fused_share``), the rest at their eager time; the plans' bytes
-    at the eager profile's. Each round scales the room they get by what the last plan measured against
-    what it planned, and the plan kept is the one that spares the most recomputation among those
-    measured within the limit (nothing saved when none is). The rounds size each room by the last
-    plan's own transient, and a plan that keeps more leaves its backward less to redo at once: a
-    larger room can fit where they predicted it would not. So ``reach`` trials more bisect between the
-    best room and the one the least transient measured (every output kept) would leave. A kind's saved
-    set is measured once: a room whose plan was measured before costs no compiled trial."""
+    transient outside the blocks (the head's backward) that the step's transient is at least. Each
+    kind's fusible ops are priced at the share of their eager time that its blocks measured with nothing
+    and with every output kept (``BlockProfile.fused_share``), the rest at their eager time; the plans'
+    bytes at the eager profile's. Each round scales the room they get by what the last plan measured
+    against what it planned, and the plan kept is the one whose blocks were measured fastest among those
+    within the limit (nothing saved when none is; on equal times the one predicted to recompute less).
+    The rounds size each room by the last plan's own transient, and a plan that keeps more leaves its
+    backward less to redo at once: a larger room can fit where they predicted it would not. So ``reach``
+    trials more bisect between the best room and the one the least transient measured (every output
+    kept) would leave. A kind's saved set is measured once: a room whose plan was measured before costs
+    no compiled trial. Last, the best room is filled along the orders of the fused shares scaled by each
+    of ``SHARE_FACTORS`` (the shares come from a small difference of two measured times, and which
+    outputs a room takes depends on them), and a plan measured faster is kept."""
     trials: dict[tuple[str, tuple[str, ...]], tuple] = {}  # (kind, saved) -> its measurement, taken once
 
     def once(kind: str, saved: tuple[str, ...]) -> tuple:
@@ -371,31 +378,57 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
         real = real or {kind: once(kind, plans[kind].saved) for kind in plans}
         return MeasuredPlan(plans, sum(counts[k] * real[k][0] for k in real),
                             max(least_transient, *(r[1] for r in real.values())), shares,
-                            {kind: (floor[kind][2], every[kind][2]) for kind in profiles})
+                            {kind: (floor[kind][2], every[kind][2]) for kind in profiles},
+                            seconds=sum(counts[k] * real[k][2] for k in real))
 
-    def spared(m: MeasuredPlan) -> float:
-        return sum(counts[k] * (p.forward_s - p.recompute_s) for k, p in m.plans.items())
+    def rank(m: MeasuredPlan) -> tuple[float, float]:
+        """The faster measured first; on a tie (the same time measured) the one predicted to recompute less."""
+        return m.seconds, sum(counts[k] * p.recompute_s for k, p in m.plans.items())
 
     def planned(m: MeasuredPlan) -> int:
         return sum(counts[k] * p.saved_bytes for k, p in m.plans.items())
 
     history: list[dict] = []
 
-    def tried(room: int) -> MeasuredPlan:
+    def plan_for(room: int, factor: float = 1.0) -> dict[str, ACPlan]:
+        """The plans for ``room``, ordered by the shares times ``factor`` and priced at the shares."""
+        ordered = {k: min(1.0, factor * s) for k, s in shares.items()}
+        return priced(plan_blocks(profiles, counts, room, compiled=True, fused_shares=ordered))
+
+    seen: set[tuple] = set()  # the plans measured, as every kind's saved set
+
+    def signature(plans: dict[str, ACPlan]) -> tuple:
+        return tuple(sorted((k, p.saved) for k, p in plans.items()))
+
+    def tried(room: int, plans: dict[str, ACPlan], factor: float = 1.0) -> MeasuredPlan:
+        seen.add(signature(plans))
         before = len(trials)
-        m = measured(plan_blocks(profiles, counts, room, compiled=True, fused_shares=shares))
-        history.append({"room": room, "kept": m.kept_bytes, "transient": m.transient_bytes,
+        m = measured(plans)
+        history.append({"room": room, "share_factor": factor, "kept": m.kept_bytes, "transient": m.transient_bytes,
                         "recompute_s": sum(counts[k] * p.recompute_s for k, p in m.plans.items()),
-                        "within": m.peak(static) <= limit, "compiled_trials": len(trials) - before})
+                        "seconds": m.seconds, "within": m.peak(static) <= limit,
+                        "compiled_trials": len(trials) - before})
         return m
+
+    def priced(plans: dict[str, ACPlan]) -> dict[str, ACPlan]:
+        out = {}
+        for kind, plan in plans.items():
+            p = profiles[kind]
+            index = {op.id: i for i, op in enumerate(p.ops)}
+            out[kind] = dataclasses.replace(plan, recompute_s=_ns(p.recomputed_s({index[i] for i in plan.saved},
+                                                                                shares[kind])) / 1e9)
+        return out
+
+    def better(trial: MeasuredPlan, than: MeasuredPlan) -> bool:
+        return trial.peak(static) <= limit and rank(trial) < rank(than)
 
     best = measured(plan_blocks(profiles, counts, 0, compiled=True, fused_shares=shares), floor)
     best_room, room = 0, limit - best.peak(static)
     for _ in range(rounds):
         if room <= 0:
             break
-        trial = tried(room)
-        if trial.peak(static) <= limit and spared(trial) > spared(best):
+        trial = tried(room, plan_for(room))
+        if better(trial, best):
             best, best_room = trial, room
         if trial.kept_bytes <= 0 or planned(trial) <= 0:
             break
@@ -412,14 +445,22 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     for _ in range(reach):
         if room <= low:
             break
-        trial = tried(room)
+        trial = tried(room, plan_for(room))
         if trial.peak(static) <= limit:
-            if spared(trial) > spared(best):
-                best = trial
+            if better(trial, best):
+                best, best_room = trial, room
             low = room
         else:
             high = room
         room = (low + high) // 2
+    # the shares are a small difference of two measured times, and they order the candidates: the best
+    # room is filled again along the orders of other shares, and the one measured fastest is kept
+    for factor in SHARE_FACTORS if best_room > 0 else ():
+        plans = plan_for(best_room, factor)
+        if signature(plans) not in seen:  # another order filled the room otherwise
+            trial = tried(best_room, plans, factor)
+            if better(trial, best):
+                best = trial
     return dataclasses.replace(best, room_trials=tuple(history))
 
 

@@ -188,7 +188,8 @@ def forked_rng(device: torch.device):
 
 def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], counts: dict[str, int],
                parts: dict[str, int], kept: int, absorbed: int = 0, fused_shares: dict[str, float] | None = None,
-               share_trials: dict[str, tuple[float, float]] | None = None, room_trials: tuple[dict, ...] = ()) -> dict:
+               share_trials: dict[str, tuple[float, float]] | None = None, room_trials: tuple[dict, ...] = (),
+               measured_s: float | None = None) -> dict:
     """What a plan cache entry and MLflow hold of one planned shape: the profiles, the plans, the
     floor (what a ``full`` step holds: ``parts`` summed) and what the plans keep above it, with
     ``counts`` blocks of each kind running the shape once each. ``absorbed``: the floor's bytes that
@@ -196,9 +197,11 @@ def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], coun
     is kept beyond them. ``fused_shares``: what compiled recomputation of fusible ops was measured to
     cost, per kind, as a share of their eager time, from ``share_trials``: a compiled block's seconds with
     nothing and with every output kept. ``room_trials``: the plans measured on the way
-    (``MeasuredPlan.room_trials``)."""
+    (``MeasuredPlan.room_trials``); ``measured_s``: every block's forward and backward as measured with
+    the plans (compiled)."""
     floor = sum(parts.values())
-    return {"profiles": {k: p.to_json() for k, p in profiles.items()}, "fused_shares": fused_shares or {},
+    measured = {} if measured_s is None else {"measured_s": measured_s}
+    return {**measured,"profiles": {k: p.to_json() for k, p in profiles.items()}, "fused_shares": fused_shares or {},
             "share_trials": {k: {"nothing_kept_s": a, "everything_kept_s": b}
                              for k, (a, b) in (share_trials or {}).items()},
             "room_trials": list(room_trials),
@@ -213,15 +216,18 @@ def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], coun
 
 def fastest_entry(entry: dict, below: list[tuple[float, dict]], counts: Mapping[str, int], target: int) -> dict:
     """Of ``entry`` and the entries cached for smaller limits (``PlanCache.below``: (limit, entry)), the
-    one whose plans recompute least priced by ``entry``'s profiles and fused shares, among those whose
-    predicted peak holds ``target`` (on a tie the fewer bytes kept, then ``entry``). Each limit's plans
-    come from a search of its own, and a measured search tries rooms that follow from what it measured:
-    this is what makes more memory never give a slower plan than a smaller limit's cached one. An entry
-    of another limit says which (``planned_for``)."""
+    fastest among those whose predicted peak holds ``target`` (on a tie the fewer bytes kept, then
+    ``entry``): by the blocks' measured time where the plans were measured (compiled), else by what they
+    recompute priced by ``entry``'s profiles. Each limit's plans come from a search of its own, and a
+    measured search tries rooms that follow from what it measured: this is what makes more memory never
+    give a slower plan than a smaller limit's cached one. An entry of another limit says which
+    (``planned_for``)."""
     profiles = {k: BlockProfile.from_json(p) for k, p in entry["profiles"].items()}
     shares = entry.get("fused_shares") or None
 
-    def cost(e: dict) -> int | None:
+    def cost(e: dict) -> float | None:
+        if "measured_s" in entry:
+            return e.get("measured_s")
         return priced_ns(profiles, counts, {k: ACPlan.from_json(p) for k, p in e["plans"].items()}, shares)
 
     best, rank = entry, (cost(entry), entry["kept"], 0)
@@ -350,8 +356,9 @@ class WindowPlanner:
                                         least_transient=outside.head_bytes)
                 plans, kept, transient = chosen.plans, chosen.kept_bytes, chosen.transient_bytes
                 shares, trials, rooms = chosen.fused_shares, chosen.share_trials, chosen.room_trials
+                seconds = chosen.seconds
             else:
-                shares = trials = None
+                shares = trials = seconds = None
                 rooms = ()
                 transient = outside.transient(max(p.transient_bytes for p in profiles.values()))
                 plans = plan_blocks(profiles, counts, self.target - static - transient)
@@ -359,7 +366,7 @@ class WindowPlanner:
         parts["transient"] = transient
         # rank 0's plans on every rank (the ranks' own memory can differ by a shard's padding): one compiled
         # partition around the collectives, and a rerun's cached plans are the first run's
-        entry = agree(plan_entry(profiles, plans, counts, parts, kept, absorbed, shares, trials, rooms))
+        entry = agree(plan_entry(profiles, plans, counts, parts, kept, absorbed, shares, trials, rooms, seconds))
         if self.rank == 0:
             self.cache.put(key, entry)
         return entry
