@@ -411,13 +411,8 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
         return m
 
     def priced(plans: dict[str, ACPlan]) -> dict[str, ACPlan]:
-        out = {}
-        for kind, plan in plans.items():
-            p = profiles[kind]
-            index = {op.id: i for i, op in enumerate(p.ops)}
-            out[kind] = dataclasses.replace(plan, recompute_s=_ns(p.recomputed_s({index[i] for i in plan.saved},
-                                                                                shares[kind])) / 1e9)
-        return out
+        return {k: dataclasses.replace(p, recompute_s=priced_ns({k: profiles[k]}, {k: 1}, {k: p}, shares) / 1e9)
+                for k, p in plans.items()}
 
     def better(trial: MeasuredPlan, than: MeasuredPlan) -> bool:
         return trial.peak(static) <= limit and rank(trial) < rank(than)
