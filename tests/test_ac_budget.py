@@ -337,8 +337,9 @@ def non_monotone_search() -> tuple[BlockProfile, object]:
     by_id = {op.id: op for op in ops}
     slow = {op.id for op in ops if op.seconds > 6e-4}
 
-    def measure(kind, saved):
-        return sum(by_id[i].bytes for i in saved), 800 - 60 * len(slow & set(saved)), 1.0
+    def measure(kind, saved):  # the time measured is the forward and what it recomputes, as priced
+        return sum(by_id[i].bytes for i in saved), 800 - 60 * len(slow & set(saved)), \
+            0.01 + sum(op.seconds for op in ops if op.id not in saved)
 
     return BlockProfile(ops, 0.01, 1, 1, "cpu"), measure
 
@@ -346,10 +347,11 @@ def non_monotone_search() -> tuple[BlockProfile, object]:
 def test_more_memory_never_gives_a_slower_plan_than_a_smaller_limits_cached_one(tmp_path):
     profile, measure = non_monotone_search()
 
-    def entry(limit: int) -> dict:
+    def entry(limit: int, timed: bool = False) -> dict:
         m = measured_plans({"a": profile}, {"a": 1}, 0, limit, measure)
         return ac_planning.plan_entry({"a": profile}, m.plans, {"a": 1}, {"transient": m.transient_bytes},
-                                      m.kept_bytes, 0, m.fused_shares, m.share_trials, m.room_trials)
+                                      m.kept_bytes, 0, m.fused_shares, m.share_trials, m.room_trials,
+                                      m.seconds if timed else None)
 
     small, large = entry(1300), entry(1350)
     assert large["recompute_s"] > small["recompute_s"]  # each search on its own
@@ -366,20 +368,30 @@ def test_more_memory_never_gives_a_slower_plan_than_a_smaller_limits_cached_one(
     assert chosen["planned_for"] == 1300
     assert ac_planning.fastest_entry(small, cache.below({**key, "limit": 1300}), {"a": 1}, 1300) is small
     assert ac_planning.entry_metrics(chosen, "4f", None)["ac_planned_for_gib_4f"] == 1300 / 2**30
-    # where the plans were measured (compiled), by their measured time; an entry without one is no candidate
+    # where the plans were measured (compiled), by their measured time, faster beyond the tie between runs;
+    # an entry without one is no candidate, nor one that keeps what this limit's plans keep
     timed = ac_planning.fastest_entry({**large, "measured_s": 2.0}, [(1200, {**small, "measured_s": 1.5}),
                                                                     (1300, {**small, "measured_s": 1.8}),
                                                                     (1250, small)], {"a": 1}, 1350)
     assert (timed["measured_s"], timed["planned_for"]) == (1.5, 1200)
-    # over a sweep of limits cached in any order, what each limit runs never recomputes more than a smaller one's
+    assert "planned_for" not in ac_planning.fastest_entry({**large, "measured_s": 2.0},
+                                                          [(1300, {**small, "measured_s": 1.995}),
+                                                           (1200, {**large, "measured_s": 1.0})], {"a": 1}, 1350)
+    # over a sweep of limits cached in any order, what each limit runs is never slower than a smaller one's:
+    # priced (eager), and measured (compiled; within the tie between runs)
     limits = list(range(900, 3000, 50))
-    sweep = PlanCache(tmp_path / "sweep")
-    for limit in random.Random(0).sample(limits, len(limits)):
-        sweep.put({**key, "limit": limit}, entry(limit))
-    runs = [ac_planning.fastest_entry(sweep.get({**key, "limit": limit}), sweep.below({**key, "limit": limit}),
-                                      {"a": 1}, limit) for limit in limits]
-    assert all(r["predicted_peak"] <= limit for r, limit in zip(runs, limits, strict=True))
-    assert all(b["recompute_s"] <= a["recompute_s"] for a, b in itertools.pairwise(runs))
+    for timed in (False, True):
+        sweep = PlanCache(tmp_path / f"sweep-{timed}")
+        for limit in random.Random(0).sample(limits, len(limits)):
+            sweep.put({**key, "limit": limit}, entry(limit, timed))
+        alone = [sweep.get({**key, "limit": limit}) for limit in limits]
+        runs = [ac_planning.fastest_entry(e, sweep.below({**key, "limit": limit}), {"a": 1}, limit)
+                for e, limit in zip(alone, limits, strict=True)]
+        assert all(r["predicted_peak"] <= limit for r, limit in zip(runs, limits, strict=True))
+        time = "measured_s" if timed else "recompute_s"
+        assert any(b[time] > a[time] * (1 + ac_planning.MEASURED_TIE) for a, b in itertools.pairwise(alone))
+        assert all(b[time] <= a[time] / (1 - ac_planning.MEASURED_TIE) if timed else b[time] <= a[time]
+                   for a, b in itertools.pairwise(runs))
 
 
 TWO_LENGTHS = {"x": ("train", [4]), "y": ("train", [8]), "z": ("train", [6]), "v": ("val", [4])}
@@ -639,6 +651,22 @@ def test_a_plan_is_chosen_by_its_measured_time_and_the_best_room_filled_along_ot
     alone = measured_plans({"a": profile}, {"a": 1}, 0, 110, measure)
     assert len(alone.plans["a"].saved) == 2 and alone.seconds > chosen.seconds
     assert alone.plans["a"].recompute_s < chosen.plans["a"].recompute_s  # predicted faster at the shares
+
+
+def test_the_reach_starts_from_the_largest_room_that_held_the_limit_not_the_fastest():
+    """Keeping more is measured slower here (it writes more), and 8 outputs leave a smaller transient: the
+    rounds try 800 bytes (fastest) and 1,000 (held the limit); the reach starts above 1,000, where no
+    room is left, so nothing below a room that fit is measured again."""
+    ops = tuple(OpCost(f"op#{i}", 100, 1e-3, True) for i in range(10))
+    by_id = {op.id: op for op in ops}
+
+    def measure(kind, saved):
+        return sum(by_id[i].bytes for i in saved), 100 if len(saved) >= 8 else 300, 1.1 if not saved else \
+            1.0 + 1e-4 * len(saved)
+
+    chosen = measured_plans({"a": BlockProfile(ops, 0.01, 1, 1, "cpu")}, {"a": 1}, 0, 1100, measure)
+    assert [t["room"] for t in chosen.room_trials] == [800, 1000] and all(t["within"] for t in chosen.room_trials)
+    assert len(chosen.plans["a"].saved) == 8 and chosen.seconds == pytest.approx(1.0008)
 
 
 def test_a_reach_that_overshoots_bisects_and_is_never_kept():

@@ -334,7 +334,8 @@ class MeasuredPlan:
     # each kind's (nothing kept, every output kept) trial seconds the share comes from: its noise is theirs
     share_trials: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     # every plan measured on the way, in order: the room it was planned for, what it kept, its transient,
-    # its predicted recomputation, whether its peak held (which room a run settled on, and why) and the
+    # its predicted recomputation, its blocks' measured seconds, whether its peak held (which room a run
+    # settled on, and why), the factor its order's fused shares were scaled by (``SHARE_FACTORS``) and the
     # compiled trials it cost (0 where every kind's plan was measured before)
     room_trials: tuple[dict, ...] = ()
     seconds: float = 0.0  # every block's forward and backward as measured with these plans (what a plan is chosen by)
@@ -357,11 +358,11 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
     within the limit (nothing saved when none is; on equal times the one predicted to recompute less).
     The rounds size each room by the last plan's own transient, and a plan that keeps more leaves its
     backward less to redo at once: a larger room can fit where they predicted it would not. So ``reach``
-    trials more bisect between the best room and the one the least transient measured (every output
-    kept) would leave. A kind's saved set is measured once: a room whose plan was measured before costs
-    no compiled trial. Last, the best room is filled along the orders of the fused shares scaled by each
-    of ``SHARE_FACTORS`` (the shares come from a small difference of two measured times, and which
-    outputs a room takes depends on them), and a plan measured faster is kept."""
+    trials more bisect between the largest room that held the limit and the one the least transient
+    measured (every output kept) would leave. A kind's saved set is measured once: a room whose plan was
+    measured before costs no compiled trial. Last, the best room is filled along the orders of the fused
+    shares scaled by each of ``SHARE_FACTORS`` (the shares come from a small difference of two measured
+    times, and which outputs a room takes depends on them), and a plan measured faster is kept."""
     trials: dict[tuple[str, tuple[str, ...]], tuple] = {}  # (kind, saved) -> its measurement, taken once
 
     def once(kind: str, saved: tuple[str, ...]) -> tuple:
@@ -419,10 +420,13 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
 
     best = measured(plan_blocks(profiles, counts, 0, compiled=True, fused_shares=shares), floor)
     best_room, room = 0, limit - best.peak(static)
+    fit, fit_room = None, 0  # the trial of the largest room that held the limit (not always the fastest)
     for _ in range(rounds):
         if room <= 0:
             break
         trial = tried(room, plan_for(room))
+        if trial.peak(static) <= limit and room > fit_room:
+            fit, fit_room = trial, room
         if better(trial, best):
             best, best_room = trial, room
         if trial.kept_bytes <= 0 or planned(trial) <= 0:
@@ -432,11 +436,11 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
         if grown == room:
             break
         room = grown
-    if best.kept_bytes <= 0 or planned(best) <= 0:
+    if fit is None or fit.kept_bytes <= 0 or planned(fit) <= 0:  # no room that keeps something held the limit
         return dataclasses.replace(best, room_trials=tuple(history))
     least = max(least_transient, *(every[kind][1] for kind in profiles))
-    high = room = int((limit - static - least) * planned(best) / best.kept_bytes)
-    low = best_room
+    high = room = int((limit - static - least) * planned(fit) / fit.kept_bytes)
+    low = fit_room
     for _ in range(reach):
         if room <= low:
             break
