@@ -11,6 +11,7 @@ import itertools
 import math
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.distill.ac_planning import chunk_inputs
 from longlive_core.distill.config import DistillDMDConfig
+from longlive_core.distill.trainer import DMDTrainer
 from longlive_core.distributed import ac_plan
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, block_kind, check_peak, require_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, measured_plans, plan_block, plan_blocks
@@ -31,7 +33,7 @@ from longlive_core.distributed.parallelize import apply_activation_checkpointing
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train import ac_planning
-from longlive_core.train.ac_planning import OutsideBlocks, block_inputs
+from longlive_core.train.ac_planning import OutsideBlocks, StepPeak, block_inputs
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.layout import TeacherForcingLayout
 from longlive_core.train.trainer import Trainer, TrainInputs
@@ -426,6 +428,8 @@ def test_plans_are_cached_reused_and_made_for_a_new_window_length(tmp_path, two_
     assert len(list(plans.glob("*.json"))) == 2
     again = budget_trainer(two_lengths, tmp_path / "b", plans)
     assert profiled == [4, 8] and again.budget.plans == first.budget.plans  # from the cache
+    budget_trainer(two_lengths, tmp_path / "e", plans, grad_accum=3)
+    assert profiled == [4, 8]  # two micro-batches or three: the same plans
     budget_trainer(two_lengths, tmp_path / "c", plans, ac_memory_limit_gib=2.0)
     assert profiled == [4, 8, 4, 8]  # the limit is part of the key
     # a margin moves what the plans aim for, and the key with it: 2 GiB less 1 are the first run's plans for
@@ -563,6 +567,35 @@ def test_a_measured_peak_above_the_limit_says_by_how_much_and_the_margin_to_set(
         check_peak(3 * 2**29, 2**30, int(0.9 * 2**30), "train_ar.ac_memory_limit_gib", 3)
     with pytest.raises(ConfigError, match=r"set distill_dmd.ac_plan_margin_gib to at least 0.60 GiB \(now 0.10\)"):
         check_peak(3 * 2**29, 2**30, int(0.9 * 2**30), "distill_dmd.ac_memory_limit_gib", 3, int(0.1 * 2**30))
+
+
+def test_the_latent_statistics_between_steps_are_left_out_of_the_next_steps_check(monkeypatch):
+    """distill_dmd's statistics run no-grad rollouts after a step's check, which no plan counts: the
+    next step's check sees the steps' largest peak, not theirs. CUDA's counters are faked (bytes
+    allocated now, and the peak since the last reset)."""
+    mem = {"now": 0, "peak": 0}
+
+    def allocate(peak: int, now: int = 2) -> None:
+        mem["peak"], mem["now"] = max(mem["peak"], peak), now
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: mem["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: mem.update(peak=mem["now"]))
+    cuda = torch.device("cuda", 0)
+    checked = []
+    planner = SimpleNamespace(peak=StepPeak(cuda))
+    planner.check_peak = lambda step: checked.append((step, planner.peak.local()))
+
+    def latent_stats() -> dict[str, float]:
+        allocate(peak=9)
+        return {"critic_eval_loss": 0.0}
+
+    trainer = SimpleNamespace(cfg=SimpleNamespace(stats_every=1, stats_samples=1, steps=3), device=cuda,
+                              planner=planner, latent_stats=latent_stats, critic_eval=[], critic_losses=[])
+    for step, peak in ((1, 5), (2, 6), (3, 4)):
+        allocate(peak)
+        DMDTrainer.after_step(trainer, step, 1.0, {"critic_loss": 0.0})
+    assert checked == [(1, 5), (2, 6), (3, 6)]
+    assert StepPeak(torch.device("cpu")).local() == 0
 
 
 @pytest.mark.parametrize("ratio", [0.5, 2.0])

@@ -40,6 +40,7 @@ from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.ac_planning import (
     OutsideBlocks,
+    StepPeak,
     block_inputs,
     cast_probes,
     embeddings_need_grad,
@@ -50,7 +51,6 @@ from longlive_core.train.ac_planning import (
     log_plan,
     plan_entry,
     step_memory,
-    world_peak,
 )
 from longlive_core.train.checkpointing import agree
 from longlive_core.train.layout import TeacherForcingLayout
@@ -83,7 +83,8 @@ def chunk_inputs(model: WanDiT, chunk_frames: int, past_frames: int, tokens_per_
 
 class DistillPlanner:
     """The budget plans of one DMD trainer: ``plan`` (collective), ``use`` before each gradient pass,
-    ``check_peak`` after each step, ``summary`` for MLflow."""
+    ``check_peak`` after each step, ``peak.excluded()`` around work between steps that no plan counts,
+    ``summary`` for MLflow."""
 
     def __init__(self, budget: BudgetCheckpointing, cfg: DistillDMDConfig, model: WanDiT, roles: int,
                  optimizer: torch.optim.Optimizer, chunk_frames: int, grid: tuple[int, int], text_tokens: int,
@@ -103,6 +104,7 @@ class DistillPlanner:
         self.rank = dist.get_rank()
         self.report: dict[str, dict] = {}
         self.measured = 0
+        self.peak = StepPeak(device)  # the latent statistics between steps are excluded
         cast_probes(budget, dtype)
 
     @property
@@ -209,7 +211,7 @@ class DistillPlanner:
         """Collective on CUDA: the world's largest peak so far against the limit (an error above it)."""
         if self.device.type != "cuda":
             return
-        self.measured = world_peak(self.device)
+        self.measured = self.peak.world()
         check_peak(self.measured, self.limit, max(e["predicted_peak"] for e in self.report.values()), KEY, step,
                    self.margin)
 

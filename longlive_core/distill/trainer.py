@@ -353,7 +353,9 @@ class DMDTrainer:
         if self.planner is not None:
             self.planner.check_peak(done)
         if cfg.stats_every and cfg.stats_samples and (done % cfg.stats_every == 0 or done in (1, cfg.steps)):
-            out.update(self.latent_stats())
+            # no-grad rollouts that no plan counts: their peak is kept out of the next step's check
+            with self.planner.peak.excluded() if self.planner is not None else contextlib.nullcontext():
+                out.update(self.latent_stats())
             self.critic_eval.append(out["critic_eval_loss"])
         self.critic_losses.append(out["critic_loss"])
         self.last_metrics = out

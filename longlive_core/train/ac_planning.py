@@ -166,12 +166,36 @@ class OutsideBlocks:
         return max(block_transient, self.head_bytes)
 
 
-def world_peak(device: torch.device, floor: int = 0) -> int:
-    """Collective: the largest peak of allocated memory on any rank so far (at least ``floor``)."""
-    peak = torch.tensor([float(max(floor, torch.cuda.max_memory_allocated(device)))], dtype=torch.float64,
-                        device=device)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    return int(peak.item())
+class StepPeak:
+    """The steps' peak of allocated memory on this GPU, carried across the resets made between steps
+    for work that no plan counts (a window planned mid-run, distillation's latent statistics): that
+    work's own peak is left out of the limit's check, the steps' before it kept. Off CUDA it reads 0."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.carried = 0
+
+    def local(self) -> int:
+        """This rank's largest step peak so far."""
+        if self.device.type != "cuda":
+            return 0
+        return max(self.carried, torch.cuda.max_memory_allocated(self.device))
+
+    @contextlib.contextmanager
+    def excluded(self):
+        """Work between steps: the peak so far is carried, and the counter starts again after it."""
+        self.carried = self.local()
+        try:
+            yield
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+
+    def world(self) -> int:
+        """Collective: the largest step peak so far on any rank."""
+        peak = torch.tensor([float(self.local())], dtype=torch.float64, device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return int(peak.item())
 
 
 @contextlib.contextmanager
@@ -303,7 +327,7 @@ class WindowPlanner:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.report: dict[int, dict] = {}
         self.measured = 0
-        self._carried = 0  # the peak before a planning reset it (a window planned between steps)
+        self.peak = StepPeak(device)
         self._warned: set[int] = set()
         self._on_device = False
         cast_probes(budget, dtype)
@@ -312,7 +336,9 @@ class WindowPlanner:
         cfg, p = self.cfg, self.cfg.precision
         return {"dit": dataclasses.asdict(self.model.cfg), "kinds": dict(sorted(self.budget.counts.items())),
                 "window": window, "chunk": cfg.chunk_frames, "grid": list(self.grid), "text_tokens": self.text_tokens,
-                "sp": cfg.sp, "world": self.world, "grad_accum": cfg.grad_accum, "sharding": cfg.parallel.sharding,
+                "sp": cfg.sp, "world": self.world, "sharding": cfg.parallel.sharding,
+                # the plans differ only by whether the blocks' gradients replace their inputs (``_profiled``)
+                "one_micro_batch": cfg.grad_accum == 1,
                 "dtype": str(self.dtype),
                 "recipe": [p.recipe, list(p.skip), p.keep_last_blocks], "attention": cfg.attention,
                 "compile": cfg.compile, "torch": torch.__version__, "limit": self.target,
@@ -387,14 +413,11 @@ class WindowPlanner:
             self.cache.put(key, entry)
         return entry
 
-    def plan(self, windows: list[int], carry_peak: bool = False) -> None:
+    def plan(self, windows: list[int]) -> None:
         """Plans every window of ``windows`` not planned yet (collective: every rank calls it alike)."""
         todo = [w for w in windows if w not in self.budget.plans]
         if not todo:
             return
-        cuda = self.device.type == "cuda"
-        if cuda and carry_peak:
-            self._carried = max(self._carried, torch.cuda.max_memory_allocated(self.device))
         for window in todo:
             entry = self._plan_window(window)
             self.budget.plans[window] = {k: ACPlan.from_json(p) for k, p in entry["plans"].items()}
@@ -406,14 +429,15 @@ class WindowPlanner:
             for probe in self.budget.probes.values():
                 probe.to("cpu")
             self._on_device = False
-        if cuda:
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def use(self, window: int) -> None:
         """Before a micro-batch of ``window`` frames: its plan (made now on one rank when missing)."""
         if window not in self.budget.plans and self.world == 1 and self.budget.probes:
-            self.plan([window], carry_peak=True)
+            with self.peak.excluded():  # a planning between steps: its peak is no step's
+                self.plan([window])
         if not self.budget.use(window) and window not in self._warned:
             self._warned.add(window)
             log.warning("%s: no plan for %d-frame windows (not in the latent index when training started): they "
@@ -423,7 +447,7 @@ class WindowPlanner:
         """Collective on CUDA: the world's largest peak so far against the limit (an error above it)."""
         if self.device.type != "cuda":
             return
-        self.measured = world_peak(self.device, self._carried)
+        self.measured = self.peak.world()
         predicted = max((e["predicted_peak"] for e in self.report.values()), default=None)
         check_peak(self.measured, self.limit, predicted, KEY, step, self.margin)
 
