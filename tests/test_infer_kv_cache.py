@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longlive_core.infer.kv_cache import KVCache, SinkConfig
+from longlive_core.infer.kv_cache import KVCache, PlainWindow, SinkConfig
 from longlive_core.infer.kv_quant import KVQuantConfig
 
 CHUNK = 2
@@ -97,12 +97,13 @@ def _sdpa(q, k, v):
 
 
 @pytest.mark.parametrize("window", [6, None])
-def test_a_bf16_cache_reads_its_buffer_in_place_and_an_older_window_reads_what_it_read(window):
+def test_a_bf16_cache_reads_its_buffer_in_place_and_an_older_window_reads_what_it_read(window, monkeypatch):
     """Each read attends over [cache; own] without copying the cache: the chunk's own rows go into the
     room after the held ones (the view shares the buffer), with the output of attention over the
-    concatenation. A window held from before later writes (activation checkpointing's recomputation
-    of a denoising pass) reads the same rows as before and leaves the cache as it is, and a read that
-    gradients flow through concatenates."""
+    concatenation, and a write pass that read in place keeps them there without a second copy. A
+    window held from before later writes (activation checkpointing's recomputation of a denoising
+    pass) reads the same rows as before and leaves the cache as it is, and a read that gradients flow
+    through concatenates."""
     torch.manual_seed(0)
     cache = KVCache(1, 3, window=window)
     held_k = held_v = torch.empty(1, 2, 0, 8)
@@ -119,8 +120,14 @@ def test_a_bf16_cache_reads_its_buffer_in_place_and_an_older_window_reads_what_i
             assert past.fits(noisy[1])
             assert past.with_own(noisy[1]).untyped_storage().data_ptr() == past.rows.untyped_storage().data_ptr()
         q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
-        with cache.write(2):  # the clean chunk at t = 0: read, then written
+        copies = []
+        with monkeypatch.context() as m, cache.write(2):  # the clean chunk at t = 0: read, then written
+            m.setattr(PlainWindow, "with_own", lambda self, own, real=PlainWindow.with_own, seen=copies:
+                      seen.append(own) or real(self, own))
             out = cache.for_layer(0)(q, k, v, None)
+        assert [x is k or x is v for x in copies] == [True] * len(copies) and len(copies) in (0, 2)
+        if c == 1:  # room after the held rows and none dropped: read, and then kept, in place
+            assert len(copies) == 2
         assert torch.equal(out, _sdpa(q, torch.cat([held_k, k], 2), torch.cat([held_v, v], 2)))
         held_k, held_v = torch.cat([held_k, k], 2), torch.cat([held_v, v], 2)
         if window is not None:

@@ -110,14 +110,16 @@ def largest_buffer(writes: int, chunk: int, capacity: int | None) -> int:
 
 
 def appended(held: list[PlainWindow], new: torch.Tensor, ranges: list[tuple[int, int]],
-             capacity: int | None) -> list[PlainWindow]:
+             capacity: int | None, in_room: bool = False) -> list[PlainWindow]:
     """The token ``ranges`` of [``held``; ``new``] as one ``PlainWindow``: in place where nothing is
     dropped and ``new`` fits the room, else in a new buffer (``buffer_size``), the kept ranges copied
-    once. A buffer grows only as the cache does: it holds at most two chunks more than the cache."""
+    once. A buffer grows only as the cache does: it holds at most two chunks more than the cache.
+    ``in_room``: ``new`` is already in the room (this pass's in-place read put it there)."""
     old = held[0] if held else None
     total = (old.tokens if old else 0) + new.shape[2]
     if old is not None and ranges == [(0, total)] and old.fits(new):
-        old.with_own(new)
+        if not in_room:
+            old.with_own(new)
         return [PlainWindow(old.rows, total)]
     kept = sum(hi - lo for lo, hi in ranges)
     b, h, _, d = new.shape
@@ -218,7 +220,8 @@ class KVCache:
                 ranges.append((f, f + 1))
         return ranges
 
-    def _append(self, index: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def _append(self, index: int, k: torch.Tensor, v: torch.Tensor, in_room: bool = False) -> None:
+        """``in_room``: the layer's read put ``k`` and ``v`` in its buffers' room (``PlainWindow.with_own``)."""
         k, v = k.detach(), v.detach()
         tpf = self.tokens_per_frame
         self._writes[index] += 1
@@ -230,8 +233,8 @@ class KVCache:
         ranges = [(lo * tpf, hi * tpf) for lo, hi in self._keep]
         if self.quant is None:  # one buffer a layer, with room for a chunk after what the window holds
             capacity = None if self.window is None else self.window * tpf
-            self.keys[index] = appended(self.keys[index], k, ranges, capacity)
-            self.values[index] = appended(self.values[index], v, ranges, capacity)
+            self.keys[index] = appended(self.keys[index], k, ranges, capacity, in_room)
+            self.values[index] = appended(self.values[index], v, ranges, capacity, in_room)
             return
         if self.quant.smooth_keys and self.key_mean[index] is None:
             self.key_mean[index] = k.float().mean(dim=(0, 2), keepdim=True)  # (1, H, 1, D)
@@ -269,7 +272,8 @@ class CachedAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
         if mask_mod is not None:
             raise ValueError("cached attention takes no mask: the cache holds exactly what the chunk may see")
-        if self._in_place(q, k, v):  # the chunk's own rows into the buffer's room: no copy of the window
+        in_room = self._in_place(q, k, v)
+        if in_room:  # the chunk's own rows into the buffer's room: no copy of the window
             full_k, full_v = self.past_k[0].with_own(k), self.past_v[0].with_own(v)
         else:  # the chunk's own keys minus the same K-smoothing mean as the cached ones (a quantized
             # cache's), written into the window as it is made
@@ -278,8 +282,8 @@ class CachedAttention:
             out = attention_fp8(q, full_k, full_v)
         else:  # no mask: dense flash attention where there is one
             out = attend(q, full_k, full_v, None, backend="sdpa")
-        if self.writing:
-            self.cache._append(self.index, k, v)
+        if self.writing:  # rows the read put in the room are not copied there again
+            self.cache._append(self.index, k, v, in_room)
         return out
 
     def _in_place(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
