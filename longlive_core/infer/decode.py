@@ -62,6 +62,18 @@ class ShotDecoder:
         self.vae.clear_cache()
         self.first = True
 
+    def warm(self, channels: int, height: int, width: int, chunk_frames: int) -> None:
+        """Every graph a video's chunks of ``chunk_frames`` latent frames meet (a shot's first chunk and one
+        after it), compiled now on zeros and the feature cache cleared: compiling traces with FX, which
+        patches every module's call in the process, so a decoder compiled in the decode thread while
+        the DiT runs its next chunk fails there (torch 2.11: "Detected that you are using FX to
+        symbolically trace a dynamo-optimized function")."""
+        z = torch.zeros(channels, chunk_frames, height, width, device=self.device)
+        self.start_shot()
+        for _ in range(2):
+            self.decode(z)
+        self.start_shot()
+
     @torch.no_grad()
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Normalised latents (C, F, h, w) of the running shot -> (T, H, W, 3) uint8 frames:

@@ -127,6 +127,9 @@ class Generator:
         # the other ranks compute their share of the DiT alone
         self.decoder = (vae_decoder(self.encoders["vae"], vae_device(cfg.vae_device, self.device), cfg.vae_dtype,
                                     cfg.vae_compile) if shard.rank == 0 else None)
+        if self.decoder is not None and cfg.vae_compile:  # compiled here, before a decode thread runs beside the DiT
+            latent = self.folder.latent
+            self.decoder.warm(latent.channels, latent.height, latent.width, latent.chunk_frames)
         self.load_s = time.perf_counter() - start
 
     def __enter__(self) -> Generator:
