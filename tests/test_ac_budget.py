@@ -591,10 +591,14 @@ def test_the_latent_statistics_between_steps_are_left_out_of_the_next_steps_chec
 
     trainer = SimpleNamespace(cfg=SimpleNamespace(stats_every=1, stats_samples=1, steps=3), device=cuda,
                               planner=planner, latent_stats=latent_stats, critic_eval=[], critic_losses=[])
+    trainer._peak_mb = lambda: DMDTrainer._peak_mb(trainer)
+    reported = []
     for step, peak in ((1, 5), (2, 6), (3, 4)):
         allocate(peak)
-        DMDTrainer.after_step(trainer, step, 1.0, {"critic_loss": 0.0})
+        reported.append(DMDTrainer.after_step(trainer, step, 1.0, {"critic_loss": 0.0})["peak_memory_mb"])
     assert checked == [(1, 5), (2, 6), (3, 6)]
+    # what the run reports is what the GPU held at most, the statistics' included, after every reset
+    assert [r * 2**20 for r in reported] == [5, 9, 9] and trainer._peak_mb() * 2**20 == 9
     assert StepPeak(torch.device("cpu")).local() == 0
 
 

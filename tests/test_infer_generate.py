@@ -71,17 +71,18 @@ def test_a_shot_decoded_chunk_by_chunk_equals_the_shot_decoded_at_once():
 @pytest.mark.parametrize("frames_per_call", [1, 3])
 def test_a_warmed_decoder_meets_no_new_graph_in_a_video_and_decodes_it_as_a_fresh_one(frames_per_call):
     """``warm`` runs every decoder call a video's chunks make (what a compiled call guards on: its
-    input's shape, whether it is a shot's first, the feature cache's shapes), so compiling is done
+    input's shape and strides, whether it is a shot's first, the feature cache's), so compiling is done
     before a decode thread runs beside the DiT; it leaves no feature cache behind."""
-    z = torch.randn(48, 6, 4, 4, generator=torch.Generator().manual_seed(0))
+    z = torch.randn(48, 8, 4, 4, generator=torch.Generator().manual_seed(0))
     videos = {}
     for warmed in (False, True):
         decoder = ShotDecoder(vae_from("tiny"), frames_per_call=frames_per_call)
         seen: set = set()
 
         def recorded(x, first, decoder=decoder, frame=decoder.frame, seen=seen):
-            cache = tuple(None if c is None or isinstance(c, str) else tuple(c.shape) for c in decoder.vae._feat_map)
-            seen.add((tuple(x.shape), first, cache))
+            cache = tuple(c if c is None or isinstance(c, str) else (tuple(c.shape), c.stride())
+                          for c in decoder.vae._feat_map)
+            seen.add((tuple(x.shape), x.stride(), first, cache))
             return frame(x, first)
 
         decoder.frame = recorded
@@ -89,9 +90,9 @@ def test_a_warmed_decoder_meets_no_new_graph_in_a_video_and_decodes_it_as_a_fres
             decoder.warm(48, 4, 4, chunk_frames=2)
             warm_graphs = set(seen)
         frames = []
-        for _ in range(2):  # two shots of three chunks
+        for _ in range(2):  # two shots of four chunks
             decoder.start_shot()
-            frames += [decoder.decode(z[:, i:i + 2]) for i in (0, 2, 4)]
+            frames += [decoder.decode(z[:, i:i + 2]) for i in (0, 2, 4, 6)]
         videos[warmed] = torch.cat(frames)
         if warmed:
             assert seen == warm_graphs

@@ -349,7 +349,7 @@ class DMDTrainer:
         """The step's time and peak memory; the latent statistics every ``stats_every`` steps, at the
         first (where the critic and the generator started) and at the last."""
         cfg = self.cfg
-        out = {**metrics, "step_s": seconds, "peak_memory_mb": peak_memory_mb(self.device)}
+        out = {**metrics, "step_s": seconds, "peak_memory_mb": self._peak_mb()}
         if self.planner is not None:
             self.planner.check_peak(done)
         if cfg.stats_every and cfg.stats_samples and (done % cfg.stats_every == 0 or done in (1, cfg.steps)):
@@ -360,6 +360,13 @@ class DMDTrainer:
         self.critic_losses.append(out["critic_loss"])
         self.last_metrics = out
         return out
+
+    def _peak_mb(self) -> float:
+        """The run's peak so far, the latent statistics' included (the budget planner resets CUDA's counter
+        after them, and carries what came before)."""
+        if self.planner is None:
+            return peak_memory_mb(self.device)
+        return max(peak_memory_mb(self.device), self.planner.peak.overall() / 2**20)
 
     def checkpointed(self) -> tuple:
         return self.roles.checkpointed, self.optimizers, {}
@@ -386,7 +393,7 @@ class DMDTrainer:
         summary = run_steps(self, LoopSettings(STAGE, cfg.steps, cfg.seed, cfg.log_every, cfg.checkpoint), sink,
                             stop_after)
         summary.update({"conversion": self.roles.conversion.summary(), "prompts_train": len(self.prompts),
-                        "peak_memory_mb": peak_memory_mb(self.device),
+                        "peak_memory_mb": self._peak_mb(),
                         **{k: v for k, v in self.last_metrics.items() if k.startswith("latent_")}})
         losses = self.critic_losses
         if losses:

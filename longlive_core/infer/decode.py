@@ -63,14 +63,15 @@ class ShotDecoder:
         self.first = True
 
     def warm(self, channels: int, height: int, width: int, chunk_frames: int) -> None:
-        """Every graph a video's chunks of ``chunk_frames`` latent frames meet (a shot's first chunk and one
-        after it), compiled now on zeros and the feature cache cleared: compiling traces with FX, which
-        patches every module's call in the process, so a decoder compiled in the decode thread while
-        the DiT runs its next chunk fails there (torch 2.11: "Detected that you are using FX to
-        symbolically trace a dynamo-optimized function")."""
+        """Every graph a video's chunks of ``chunk_frames`` latent frames meet (a shot's first chunk and two
+        after it: the causal feature cache's layouts are steady from the third), compiled now on zeros and
+        the feature cache cleared: compiling traces with FX, which patches every module's call in the
+        process, so a decoder compiled in the decode thread while the DiT runs its next chunk fails
+        there (torch 2.11: "Detected that you are using FX to symbolically trace a dynamo-optimized
+        function")."""
         z = torch.zeros(channels, chunk_frames, height, width, device=self.device)
         self.start_shot()
-        for _ in range(2):
+        for _ in range(3):
             self.decode(z)
         self.start_shot()
 

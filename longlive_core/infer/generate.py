@@ -283,7 +283,7 @@ class Generator:
             "window": sampling.window, "global_sink": sampling.global_sink, "shot_sink": sampling.shot_sink,
             "sampling_from": g.sampling.source,
             "denoise_s": stats.denoise_s, "decode_s": stream.decode_s, "generate_s": elapsed,
-            "load_s": self.load_s,  # the model and the VAE, once per Generator (compiling happens in the first chunk)
+            "load_s": self.load_s,  # once per Generator, the decoder compiled (the blocks compile in the first chunk)
             "prompt_enhancement": None if g.enhancement is None else {
                 **g.enhancement.record(), "model": cfg.enhance_model, "template": template_digest()},
             "wall_s": time.perf_counter() - wall,  # this video: its prompts embedded, the cache, every chunk

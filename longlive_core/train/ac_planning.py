@@ -174,12 +174,17 @@ class StepPeak:
     def __init__(self, device: torch.device):
         self.device = device
         self.carried = 0
+        self.excluded_peak = 0  # the largest of the excluded work's own peaks
 
     def local(self) -> int:
         """This rank's largest step peak so far."""
         if self.device.type != "cuda":
             return 0
         return max(self.carried, torch.cuda.max_memory_allocated(self.device))
+
+    def overall(self) -> int:
+        """This rank's largest peak so far, the excluded work's included (what the GPU held at most)."""
+        return max(self.local(), self.excluded_peak)
 
     @contextlib.contextmanager
     def excluded(self):
@@ -189,6 +194,7 @@ class StepPeak:
             yield
         finally:
             if self.device.type == "cuda":
+                self.excluded_peak = max(self.excluded_peak, torch.cuda.max_memory_allocated(self.device))
                 torch.cuda.reset_peak_memory_stats(self.device)
 
     def world(self) -> int:
