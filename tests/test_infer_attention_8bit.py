@@ -6,7 +6,6 @@ in a subprocess since the flag is read at import); on a GPU at the 5B's heads an
 import: the GPU image runs this file with --noconftest."""
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers.attention import float64_attention
 
 REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = {"bf16": 0.025, "fp8": 0.06}  # relative L2 error of the output, about 1.6x the worst measured
@@ -36,8 +37,7 @@ def check(device: str, heads: int = 2, dim: int = 64, queries: int = 40, keys: i
         offset = torch.randn(1, heads, 1, dim, generator=g) * 2
         k = (torch.randn(1, heads, keys, dim, generator=g) + offset).to(device, torch.bfloat16)
         v = torch.randn(1, heads, keys, dim, generator=g).to(device, torch.bfloat16)
-        weights = torch.softmax(q.double() @ k.double().transpose(-1, -2) / math.sqrt(dim), dim=-1)
-        reference = weights @ v.double()
+        reference = float64_attention(q, k, v)
         for pv, tolerance in TOLERANCE.items():
             for block_m, block_n in blocks:
                 out = attention_8bit(q, k, v, pv, block_m, block_n)

@@ -6,7 +6,6 @@ import); on a GPU at the 5B's heads and window. No conftest import: the GPU imag
 --noconftest."""
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -15,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+
+from tests.helpers.attention import float64_attention
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,8 +39,7 @@ def check(device: str, heads: int = 2, dim: int = 64, chunks: tuple[int, ...] = 
     k, v = (draw(own) + offset).to(torch.bfloat16), draw(own)
     keys = torch.cat([c.dequantize(torch.float64) for c in past_k] + [k.double()], dim=2)  # exact: codes x scales
     values = torch.cat([c.dequantize(torch.float64) for c in past_v] + [v.double()], dim=2)
-    weights = torch.softmax(q.double() @ keys.transpose(-1, -2) / math.sqrt(dim), dim=-1)
-    reference = weights @ values
+    reference = float64_attention(q, keys, values)
     sdpa = F.scaled_dot_product_attention(q, keys.to(torch.bfloat16), values.to(torch.bfloat16)).double()
     baseline = (sdpa - reference).abs().max().item()
     ratios = []
