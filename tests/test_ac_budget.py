@@ -569,37 +569,73 @@ def test_a_measured_peak_above_the_limit_says_by_how_much_and_the_margin_to_set(
         check_peak(3 * 2**29, 2**30, int(0.9 * 2**30), "distill_dmd.ac_memory_limit_gib", 3, int(0.1 * 2**30))
 
 
+class FakeCudaMemory:
+    """CUDA's peak counter faked: bytes allocated now, and the peak since the last reset."""
+
+    def __init__(self, monkeypatch):
+        self.now = self.peak = 0
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: self.peak)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: setattr(self, "peak", self.now))
+
+    def allocate(self, peak: int, now: int = 2) -> None:
+        self.peak, self.now = max(self.peak, peak), now
+
+
+def checked_planner(checked: list) -> SimpleNamespace:
+    """A planner's peak and check: each check records (step, the steps' peak it saw)."""
+    planner = SimpleNamespace(peak=StepPeak(torch.device("cuda", 0)))
+    planner.check_peak = lambda step: checked.append((step, planner.peak.local()))
+    return planner
+
+
 def test_the_latent_statistics_between_steps_are_left_out_of_the_next_steps_check(monkeypatch):
     """distill_dmd's statistics run no-grad rollouts after a step's check, which no plan counts: the
-    next step's check sees the steps' largest peak, not theirs. CUDA's counters are faked (bytes
-    allocated now, and the peak since the last reset)."""
-    mem = {"now": 0, "peak": 0}
-
-    def allocate(peak: int, now: int = 2) -> None:
-        mem["peak"], mem["now"] = max(mem["peak"], peak), now
-
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: mem["peak"])
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: mem.update(peak=mem["now"]))
-    cuda = torch.device("cuda", 0)
+    next step's check sees the steps' largest peak, not theirs."""
+    mem = FakeCudaMemory(monkeypatch)
     checked = []
-    planner = SimpleNamespace(peak=StepPeak(cuda))
-    planner.check_peak = lambda step: checked.append((step, planner.peak.local()))
 
     def latent_stats() -> dict[str, float]:
-        allocate(peak=9)
+        mem.allocate(peak=9)
         return {"critic_eval_loss": 0.0}
 
-    trainer = SimpleNamespace(cfg=SimpleNamespace(stats_every=1, stats_samples=1, steps=3), device=cuda,
-                              planner=planner, latent_stats=latent_stats, critic_eval=[], critic_losses=[])
+    trainer = SimpleNamespace(cfg=SimpleNamespace(stats_every=1, stats_samples=1, steps=3),
+                              device=torch.device("cuda", 0), planner=checked_planner(checked),
+                              latent_stats=latent_stats, critic_eval=[], critic_losses=[])
     trainer._peak_mb = lambda: DMDTrainer._peak_mb(trainer)
     reported = []
     for step, peak in ((1, 5), (2, 6), (3, 4)):
-        allocate(peak)
+        mem.allocate(peak)
         reported.append(DMDTrainer.after_step(trainer, step, 1.0, {"critic_loss": 0.0})["peak_memory_mb"])
     assert checked == [(1, 5), (2, 6), (3, 6)]
     # what the run reports is what the GPU held at most, the statistics' included, after every reset
     assert [r * 2**20 for r in reported] == [5, 9, 9] and trainer._peak_mb() * 2**20 == 9
     assert StepPeak(torch.device("cpu")).local() == 0
+
+
+def test_train_ars_validation_is_left_out_of_the_next_steps_check_and_its_peak_reported(monkeypatch):
+    """train_ar's validation between steps runs no-grad forwards that no plan counts (as distill_dmd's
+    statistics): the next step's check sees the steps' peak, and the steps' reported peak keeps what came
+    before a reset (validation's, a window planned mid-run)."""
+    from longlive_core.train import trainer as trainer_module
+
+    mem = FakeCudaMemory(monkeypatch)
+    checked = []
+
+    def validate(*args) -> float:
+        mem.allocate(peak=9)
+        return 0.5
+
+    monkeypatch.setattr(trainer_module, "validate", validate)
+    trainer = SimpleNamespace(cfg=SimpleNamespace(val_every=1, steps=3, optimizer=SimpleNamespace(lr=1e-4)),
+                              device=torch.device("cuda", 0), planner=checked_planner(checked), peak=None, world=1,
+                              model=None, val_set=None, flow=None, dtype=None, dims=None)
+    reported = []
+    for step, peak in ((1, 5), (2, 6), (3, 4)):
+        mem.allocate(peak)
+        out = Trainer.after_step(trainer, step, 1.0, {"loss": 1.0, "flops": 1.0, "tokens": 1})
+        reported.append(out["peak_memory_mb"] * 2**20)
+    assert checked == [(1, 5), (2, 6), (3, 6)]
+    assert reported == [5, 9, 9]  # the first step's before any validation ran
 
 
 @pytest.mark.parametrize("ratio", [0.5, 2.0])

@@ -362,11 +362,8 @@ class DMDTrainer:
         return out
 
     def _peak_mb(self) -> float:
-        """The run's peak so far, the latent statistics' included (the budget planner resets CUDA's counter
-        after them, and carries what came before)."""
-        if self.planner is None:
-            return peak_memory_mb(self.device)
-        return max(peak_memory_mb(self.device), self.planner.peak.overall() / 2**20)
+        """The run's peak so far, the latent statistics' included."""
+        return peak_memory_mb(self.device, None if self.planner is None else self.planner.peak)
 
     def checkpointed(self) -> tuple:
         return self.roles.checkpointed, self.optimizers, {}

@@ -128,9 +128,12 @@ def sum_over_ranks(values: list, device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def peak_memory_mb(device: torch.device) -> float:
+def peak_memory_mb(device: torch.device, step_peak=None) -> float:
+    """The run's peak so far: on CUDA the allocator's, and where a budget planner resets that counter
+    between steps, the most its ``StepPeak`` carried (work between steps included); else the RSS."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
+        carried = 0 if step_peak is None else step_peak.overall()
+        return max(torch.cuda.max_memory_allocated(device), carried) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

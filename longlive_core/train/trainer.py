@@ -319,11 +319,14 @@ class Trainer:
             self.planner.check_peak(done)
         flops, tokens = metrics.pop("flops"), metrics.pop("tokens")
         out = {**metrics, "lr": cfg.optimizer.lr, "tokens_per_s": tokens / seconds, "step_s": seconds,
-               "tflops": flops / seconds / 1e12, "peak_memory_mb": peak_memory_mb(self.device)}
+               "tflops": flops / seconds / 1e12,
+               "peak_memory_mb": peak_memory_mb(self.device, None if self.planner is None else self.planner.peak)}
         if self.peak:
             out["mfu"] = flops / seconds / 1e12 / (self.peak * self.world)
         if cfg.val_every and (done % cfg.val_every == 0 or done == cfg.steps):
-            self.val_loss = validate(self.model, self.val_set, cfg, self.flow, self.device, self.dtype, self.dims)
+            # no plan counts validation's no-grad forwards: their peak is kept out of the next step's check
+            with self.planner.peak.excluded() if self.planner is not None else contextlib.nullcontext():
+                self.val_loss = validate(self.model, self.val_set, cfg, self.flow, self.device, self.dtype, self.dims)
             if self.val_loss is not None:
                 out["val_loss"] = self.val_loss
         self.last_loss = metrics["loss"]
