@@ -25,10 +25,10 @@ from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.distill.ac_planning import chunk_inputs
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.trainer import DMDTrainer
-from longlive_core.distributed import ac_plan
+from longlive_core.distributed import ac_budget, ac_plan
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, block_kind, check_peak, require_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, measured_plans, plan_block, plan_blocks
-from longlive_core.distributed.ac_profile import compiled_block_trial, profile_block
+from longlive_core.distributed.ac_profile import block_trial, profile_block
 from longlive_core.distributed.parallelize import apply_activation_checkpointing, clean_name
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
@@ -203,9 +203,16 @@ def test_two_block_kinds_share_one_limit():
     assert plan_blocks({"a": one, "b": other}, {"a": 3, "b": 1}, 399)["b"].saved == ()
 
 
-def loss_and_grads(mode: str, limit_share: float = 0.5) -> tuple[torch.Tensor, dict, ACPlan | None]:
+def loss_and_grads(mode: str, limit_share: float = 0.5, unchecked: int = 0, runs: list | None = None
+                   ) -> tuple[torch.Tensor, dict, ACPlan | None]:
+    """One step of the tiny model under ``mode``; budget: a plan of ``limit_share`` of the candidates'
+    bytes, the first ``unchecked`` blocks run unchecked; ``runs`` collects the index of each block
+    forward run (a recomputation runs it again)."""
     torch.manual_seed(0)
     model = WanDiT(DIT_CONFIGS["tiny"])
+    if runs is not None:
+        for i, block in enumerate(model.blocks):
+            block.register_forward_pre_hook(lambda module, args, i=i: runs.append(i))
     budget = BudgetCheckpointing()
     apply_activation_checkpointing(model, mode, budget)
     plan = None
@@ -215,8 +222,11 @@ def loss_and_grads(mode: str, limit_share: float = 0.5) -> tuple[torch.Tensor, d
         (kind,) = profiles
         total = sum(op.bytes for op in profiles[kind].ops if op.candidate)
         budget.plans[WINDOW] = plans = plan_blocks(profiles, budget.counts, int(limit_share * total * 2))
+        budget.plain[WINDOW] = {kind: unchecked}
         assert budget.use(WINDOW)
         plan = plans[kind]
+        if runs is not None:
+            runs.clear()  # the profile's forwards ran the probe, a copy: nothing is counted, but to be sure
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 48, WINDOW * 2, 4, 4, generator=g)
     text = torch.randn(1, 6, 32, generator=g)
@@ -227,10 +237,20 @@ def loss_and_grads(mode: str, limit_share: float = 0.5) -> tuple[torch.Tensor, d
     return loss.detach(), {clean_name(n): p.grad for n, p in model.named_parameters()}, plan
 
 
-def test_the_budget_policy_changes_no_number():
+@pytest.mark.parametrize("share, unchecked", [(0.5, 0), (0.5, 1), (0.0, 1), (0.0, 0)])
+def test_the_budget_policy_changes_no_number(share, unchecked, monkeypatch):
+    """Eager blocks as the plan says: the first ``unchecked`` run once, the others are recomputed, under
+    selective checkpointing where their plan keeps something and plainly where it keeps nothing."""
     loss, grads, _ = loss_and_grads("none")
-    loss_ac, grads_ac, plan = loss_and_grads("budget")
-    assert plan.saved and 0 < plan.recompute_fraction < 1  # some outputs kept, some recomputed
+    if share == 0.0:  # nothing kept: no dispatch mode (its Python costs every op, ac_eager)
+        monkeypatch.setattr(ac_budget, "create_selective_checkpoint_contexts", None)
+    runs = []
+    loss_ac, grads_ac, plan = loss_and_grads("budget", share, unchecked, runs)
+    if share:
+        assert plan.saved and 0 < plan.recompute_fraction < 1  # some outputs kept, some recomputed
+    else:
+        assert not plan.saved
+    assert runs == [0, 1, 1] + [0] * (unchecked == 0)  # the backward recomputes the checkpointed blocks
     assert torch.equal(loss, loss_ac) and grads.keys() == grads_ac.keys()
     for name in grads:
         torch.testing.assert_close(grads_ac[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
@@ -391,8 +411,8 @@ def test_more_memory_never_gives_a_slower_plan_than_a_smaller_limits_cached_one(
                 for e, limit in zip(alone, limits, strict=True)]
         assert all(r["predicted_peak"] <= limit for r, limit in zip(runs, limits, strict=True))
         time = "measured_s" if timed else "recompute_s"
-        assert any(b[time] > a[time] * (1 + ac_planning.MEASURED_TIE) for a, b in itertools.pairwise(alone))
-        assert all(b[time] <= a[time] / (1 - ac_planning.MEASURED_TIE) if timed else b[time] <= a[time]
+        assert any(b[time] > a[time] * (1 + ac_plan.MEASURED_TIE) for a, b in itertools.pairwise(alone))
+        assert all(b[time] <= a[time] / (1 - ac_plan.MEASURED_TIE) if timed else b[time] <= a[time]
                    for a, b in itertools.pairwise(runs))
 
 
@@ -774,8 +794,8 @@ def test_a_compiled_block_is_measured_as_the_compiler_keeps_it():
     x = torch.randn(8192, 1024, device="cuda", requires_grad=True)
     eager = profile_block(block, (x,))
     candidates = tuple(op.id for op in eager.ops if op.candidate)
-    nothing, transient_full, seconds_full = compiled_block_trial(block, (x,))
-    everything, transient_all, seconds_all = compiled_block_trial(block, (x,), candidates)
+    nothing, transient_full, seconds_full = block_trial(block, (x,))
+    everything, transient_all, seconds_all = block_trial(block, (x,), candidates)
     assert all(p.grad is None for p in block.parameters())  # as profile_block left them
     assert nothing < 2**20 < everything  # full keeps (almost) nothing; keeping every candidate keeps some
     assert transient_full > 0 and transient_all > 0 and seconds_full > 0 and seconds_all > 0

@@ -153,19 +153,24 @@ def test_torchrun_command(monkeypatch):
 
 
 def test_the_budget_policy_wraps_every_block_with_its_kinds_plan():
-    """``budget``: each block wrapped as ``selective`` is, its context naming the planner and the
-    block's kind (a partial over constants: what torch.compile accepts); one probe copy per kind,
-    before sharding; without a planner it is refused."""
+    """``budget``: compiled, each block wrapped as ``selective`` is, its context naming the planner and
+    the block's kind (a partial over constants: what torch.compile accepts); eager, its checkpoint
+    function naming them and the block's place among its kind in its model, counted again in another
+    model; one probe copy per kind, before sharding; without a planner it is refused."""
     from longlive_core.distributed.ac_budget import BudgetCheckpointing, block_kind
     from longlive_core.distributed.parallelize import ParallelizePlan, parallelize_dit
 
-    model = WanDiT(DIT_CONFIGS["tiny"])
     budget = BudgetCheckpointing()
-    apply_activation_checkpointing(model, "budget", budget)
-    kind = block_kind(model.blocks[0]._checkpoint_wrapped_module)
-    assert dict(budget.counts) == {kind: len(model.blocks)} and list(budget.probes) == [kind]
-    context_fn = model.blocks[1].checkpoint_fn.keywords["context_fn"]
+    compiled, eager, other = (WanDiT(DIT_CONFIGS["tiny"]) for _ in range(3))
+    apply_activation_checkpointing(compiled, "budget", budget, compiled=True)
+    kind = block_kind(compiled.blocks[0]._checkpoint_wrapped_module)
+    assert dict(budget.counts) == {kind: len(compiled.blocks)} and list(budget.probes) == [kind]
+    context_fn = compiled.blocks[1].checkpoint_fn.keywords["context_fn"]
     assert context_fn.args == (budget.number, kind)
+    for model in (eager, other):
+        apply_activation_checkpointing(model, "budget", budget)
+        assert [b.checkpoint_fn.args for b in model.blocks] == [(budget.number, kind, i) for i in range(2)]
+    assert dict(budget.counts) == {kind: 3 * len(compiled.blocks)} and list(budget.probes) == [kind]
     with pytest.raises(ValueError, match="budget needs the trainer's BudgetCheckpointing"):
         parallelize_dit(WanDiT(DIT_CONFIGS["tiny"]), None, ParallelizePlan(activation_checkpointing="budget"),
                         torch.device("cpu"))
@@ -183,7 +188,7 @@ def test_a_checkpointed_block_compiles_as_one_graph(recipe, mode, device="cpu"):
     if recipe != "bf16":
         convert_linears(model, recipe)
     budget = BudgetCheckpointing()  # the wrappers name it by number: it lives while they run
-    apply_activation_checkpointing(model, mode, budget)
+    apply_activation_checkpointing(model, mode, budget, compiled=True)  # wrapped as a compiled step's blocks are
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     model.to(device, dtype)
     args = block_inputs(model, TeacherForcingLayout(4, 2, 4, 6), (2, 2), dtype, torch.device(device))

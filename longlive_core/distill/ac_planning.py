@@ -13,7 +13,9 @@ inputs; the activations outside the blocks; one block's forward and backward at 
 generator's floor also holds every chunk the rollout wrote to its cache (the checkpointed exit steps
 reference the cache as it was until the backward) and runs the scores' forwards on top: its transient
 is the larger of the two passes'. Distillation does not compile, so the eager profile prices exactly
-what the step keeps. Profiles run on every rank and rank 0's are every rank's; plans are cached on
+what the step keeps, but not what selective checkpointing costs in Python: on CUDA each pass runs the
+fastest of ``full``, the op-level plan and its first blocks unchecked, as a block measured them
+(``distributed.ac_eager``). Profiles and trials run on every rank and rank 0's are every rank's; plans are cached on
 rank 0's disk by what they depend on. Profiling forks the RNG and runs on a copy of a block: it
 changes no number of the run.
 """
@@ -33,8 +35,9 @@ from longlive_core.distributed.ac_budget import (
     memory_limit,
     plan_target,
 )
+from longlive_core.distributed.ac_eager import EagerTrials, eager_choice
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
-from longlive_core.distributed.ac_profile import profile_block
+from longlive_core.distributed.ac_profile import PLAIN, block_trial, profile_block
 from longlive_core.infer.kv_cache import KVCache, largest_buffer
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
@@ -57,6 +60,7 @@ from longlive_core.train.layout import TeacherForcingLayout
 
 KEY = "distill_dmd.ac_memory_limit_gib"
 PASSES = ("critic", "generator")
+TRIAL_REPEATS = 5  # a block's eager trials: forward and backward timed this many times, the median kept
 
 
 def chunk_inputs(model: WanDiT, chunk_frames: int, past_frames: int, tokens_per_frame: int, text_tokens: int,
@@ -138,48 +142,77 @@ class DistillPlanner:
         made = agree({k: profile_block(p, args).to_json() for k, p in sorted(self.budget.probes.items())})
         return {k: BlockProfile.from_json(p) for k, p in made.items()}
 
+    def _trials(self, args: tuple, plans: dict[str, ACPlan]) -> dict[str, EagerTrials]:
+        """Each kind's block measured eager at ``args``: checkpointed plainly, under its plan, unchecked
+        (every rank runs them, rank 0's numbers are every rank's)."""
+        out = {}
+        for kind, probe in sorted(self.budget.probes.items()):
+            with forked_rng(self.device):  # a block's backward may draw (stochastic rounding)
+                full = block_trial(probe, args, (), compiled=False, repeats=TRIAL_REPEATS)
+                plan = block_trial(probe, args, plans[kind].saved, compiled=False, repeats=TRIAL_REPEATS) \
+                    if plans[kind].saved else full
+                unchecked = block_trial(probe, args, PLAIN, compiled=False, repeats=TRIAL_REPEATS)
+            out[kind] = agree((full.seconds, plan.seconds, unchecked.seconds, unchecked.kept))
+        return {kind: EagerTrials(*t) for kind, t in out.items()}
+
     def _plan(self) -> dict[str, dict]:
         cfg, dim, item = self.cfg, self.model.cfg.dim, self.dtype.itemsize
         tokens_per_frame = self.grid[0] * self.grid[1]
         blocks = sum(self.counts.values())
         layout = TeacherForcingLayout(cfg.latent_frames, self.chunk, tokens_per_frame, self.text_tokens, 1)
-        for probe in self.budget.probes.values():
-            probe.to(self.device)
-        try:
-            with forked_rng(self.device):
-                critic = self._profiles(block_inputs(self.model, layout, self.grid, self.dtype, self.device))
-            with forked_rng(self.device):
-                generator = self._profiles(chunk_inputs(self.model, self.chunk, self.past_frames, tokens_per_frame,
-                                                        self.text_tokens, self.grid, self.dtype, self.device))
-        finally:
-            for probe in self.budget.probes.values():
-                probe.to("cpu")
         static = dataclasses.asdict(self.memory)
         g = self.grad_chunks
         critic_outside = OutsideBlocks(2 * cfg.latent_frames * tokens_per_frame, dim, item)
         generator_outside = OutsideBlocks(self.chunk * tokens_per_frame, dim, item, passes=g)
         counts = self.pass_counts
-        passes = {
-            "critic": (critic, counts["critic"], {
-                **static, "block_inputs": blocks * max(p.input_bytes for p in critic.values()),
-                "outside": critic_outside.held_bytes,
-                "transient": critic_outside.transient(max(p.transient_bytes for p in critic.values()))}),
-            "generator": (generator, counts["generator"], {
-                **static, "block_inputs": g * blocks * max(p.input_bytes for p in generator.values()),
-                # the scores' forwards run on top of the generator's pass, every exit step's head copies
-                # held: those copies all count, and the larger transient of the two passes
-                "outside": generator_outside.held_bytes + generator_outside.head_bytes,
-                # the rollout's BF16 cache at its largest: every write but the last chunk's, in buffers
-                # with room for a chunk's reads (infer/kv_cache.py)
-                "kv_cache": blocks * 2 * dim * item * largest_buffer(
-                    cfg.latent_frames // self.chunk - 1, self.chunk * tokens_per_frame,
-                    None if cfg.window is None else cfg.window * tokens_per_frame),
-                "transient": max(p.transient_bytes for p in [*critic.values(), *generator.values()])})}
-        out = {}
-        for name, (profiles, counts, parts) in passes.items():
-            plans = plan_blocks(profiles, counts, self.target - sum(parts.values()))
-            out[name] = plan_entry(profiles, plans, counts, parts,
-                                   sum(counts[k] * plans[k].saved_bytes for k in plans))
+        runs = {"critic": 1, "generator": g}
+        for probe in self.budget.probes.values():
+            probe.to(self.device)
+        try:
+            with forked_rng(self.device):
+                args = {"critic": block_inputs(self.model, layout, self.grid, self.dtype, self.device)}
+            with forked_rng(self.device):
+                args["generator"] = chunk_inputs(self.model, self.chunk, self.past_frames, tokens_per_frame,
+                                                 self.text_tokens, self.grid, self.dtype, self.device)
+            critic, generator = self._profiles(args["critic"]), self._profiles(args["generator"])
+            passes = {
+                "critic": (critic, counts["critic"], {
+                    **static, "block_inputs": blocks * max(p.input_bytes for p in critic.values()),
+                    "outside": critic_outside.held_bytes,
+                    "transient": critic_outside.transient(max(p.transient_bytes for p in critic.values()))}),
+                "generator": (generator, counts["generator"], {
+                    **static, "block_inputs": g * blocks * max(p.input_bytes for p in generator.values()),
+                    # the scores' forwards run on top of the generator's pass, every exit step's head copies
+                    # held: those copies all count, and the larger transient of the two passes
+                    "outside": generator_outside.held_bytes + generator_outside.head_bytes,
+                    # the rollout's BF16 cache at its largest: every write but the last chunk's, in buffers
+                    # with room for a chunk's reads (infer/kv_cache.py)
+                    "kv_cache": blocks * 2 * dim * item * largest_buffer(
+                        cfg.latent_frames // self.chunk - 1, self.chunk * tokens_per_frame,
+                        None if cfg.window is None else cfg.window * tokens_per_frame),
+                    "transient": max(p.transient_bytes for p in [*critic.values(), *generator.values()])})}
+            out = {}
+            for name, (profiles, pass_counts, parts) in passes.items():
+                room = self.target - sum(parts.values())
+                plans = plan_blocks(profiles, pass_counts, room)
+                kept = sum(pass_counts[k] * plans[k].saved_bytes for k in plans)
+                if self.device.type != "cuda":  # no trials: the op-level plans as the profile prices them
+                    out[name] = plan_entry(profiles, plans, pass_counts, parts, kept)
+                    continue
+                trials = self._trials(args[name], plans)
+                choice = eager_choice(trials, self.counts, runs[name], room, plan_keeps=kept > 0)
+                if choice.how != "plan":  # full or unchecked: what the other blocks keep is nothing
+                    plans = {k: dataclasses.replace(p, saved=(), saved_bytes=0, recompute_s=p.forward_s)
+                             for k, p in plans.items()}
+                    kept = choice.kept
+                entry = plan_entry(profiles, plans, pass_counts, parts, kept, measured_s=choice.seconds)
+                entry["recompute_s"] -= runs[name] * sum(k * profiles[kind].forward_s
+                                                         for kind, k in choice.unchecked.items())
+                out[name] = {**entry, "eager": choice.how, "unchecked": choice.unchecked,
+                             "eager_trials": {k: t.to_json() for k, t in trials.items()}}
+        finally:
+            for probe in self.budget.probes.values():
+                probe.to("cpu")
         return out
 
     def plan(self) -> None:
@@ -197,6 +230,7 @@ class DistillPlanner:
         self.report = report = agree(report if self.rank == 0 else None)
         for name in PASSES:
             self.budget.plans[name] = {k: ACPlan.from_json(p) for k, p in report[name]["plans"].items()}
+            self.budget.plain[name] = dict(report[name].get("unchecked", {}))
             log_plan(KEY, f"the {name}'s pass", report[name], self.target)
         self.budget.probes.clear()  # the shapes are fixed: no later planning
         if self.device.type == "cuda":

@@ -2,16 +2,20 @@
 whose policy is the plan (``ac_plan``) of the block's kind for the window the micro-batch has; the
 memory limit it plans under; plans cached on disk by what they depend on.
 
-Every block is wrapped as ``selective`` wraps it, with a context that reads the plan chosen last
-(``use``). Before any plan, and for a window without one, nothing is saved: the step runs as
-``full`` does. Under compile the policy is read when a block is traced, once per input shape; a
-window's shapes are its own, so each window's compiled blocks keep that window's plan (on the CPU,
-torch 2.14, a compiled tiny block's traced ops carry the eager profile's ids: every saved id was
-matched; not a test, compiling is slow).
+Compiled blocks are wrapped as ``selective`` wraps them, with a context that reads the plan chosen
+last (``use``). Before any plan, and for a window without one, nothing is saved: the step runs as
+``full`` does. Eager blocks read the plan when they run: one that keeps nothing is checkpointed
+plainly (selective checkpointing's dispatch mode costs every op time in Python), and a plan may run
+the first blocks of a kind in their model without checkpointing at all (``plain``). Under compile
+the policy is read when a block is traced, once per input shape; a window's shapes are its own, so
+each window's compiled blocks keep that window's plan (on the CPU, torch 2.14, a compiled tiny
+block's traced ops carry the eager profile's ids: every saved id was matched; not a test, compiling
+is slow).
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import functools
 import hashlib
@@ -24,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from longlive_core.config import ConfigError
 from longlive_core.distributed.ac_plan import FORMAT, ACPlan
@@ -51,6 +55,11 @@ def _contexts(holder: int, kind: str):
     return _HOLDERS[holder].contexts(kind)
 
 
+def _eager_checkpoint(holder: int, kind: str, ordinal: int, block: nn.Module, *args, **kwargs):
+    """An eager block of ``kind``, the ``ordinal``-th of its kind in its model, as the plan in use says."""
+    return _HOLDERS[holder].run_eager(kind, ordinal, block, *args, **kwargs)
+
+
 class BudgetCheckpointing:
     """The per-block policies of ``activation_checkpointing: budget`` and the plans they read:
     ``plans[window][kind]``. ``probes`` holds, per block kind, a copy of one block as it was before
@@ -60,13 +69,30 @@ class BudgetCheckpointing:
         self.probes: dict[str, nn.Module] = {}
         self.counts: collections.Counter = collections.Counter()  # blocks of each kind
         self.plans: dict[int, dict[str, ACPlan]] = {}
+        # per plan, the blocks of each kind (the first ones of their model) an eager step runs unchecked
+        self.plain: dict[int, dict[str, int]] = {}
         self._saved: dict[str, frozenset[str]] = {}
+        self._plain: dict[str, int] = {}
+        self._ordinals: collections.Counter = collections.Counter()  # the blocks of each kind wrapped in a model
         self.matched: dict[str, set[str]] = collections.defaultdict(set)  # saved ids a forward (or trace) met
         self.number = next(_NUMBERS)
         _HOLDERS[self.number] = self
 
     def contexts_for(self, block: nn.Module):
         """The ``context_fn`` of ``block``'s checkpoint wrapper (``parallelize.BlockCheckpointing``)."""
+        return functools.partial(_contexts, self.number, self._register(block))
+
+    def checkpoint_fn_for(self, block: nn.Module, index: int):
+        """The ``checkpoint_fn`` of an eager ``block``'s wrapper, ``model.blocks[index]``, the blocks of a model
+        given in order (``parallelize.BlockCheckpointing``)."""
+        kind = self._register(block)
+        if index == 0:  # another model: its blocks count from its first
+            self._ordinals = collections.Counter()
+        ordinal = self._ordinals[kind]
+        self._ordinals[kind] += 1
+        return functools.partial(_eager_checkpoint, self.number, kind, ordinal)
+
+    def _register(self, block: nn.Module) -> str:
         kind = block_kind(block)
         if kind not in self.probes:
             # a sequence-parallel group is shared, not copied (NVFP4 layers reduce amaxes over it)
@@ -74,12 +100,21 @@ class BudgetCheckpointing:
                       if isinstance(v, dist.ProcessGroup)}
             self.probes[kind] = copy.deepcopy(block, memo=groups)
         self.counts[kind] += 1
-        return functools.partial(_contexts, self.number, kind)
+        return kind
 
     def contexts(self, kind: str):
         """Selective checkpointing's two contexts for a block of ``kind`` under the plan in use."""
         return create_selective_checkpoint_contexts(counted_policy(self._saved.get(kind, frozenset()),
                                                                    self.matched[kind]))
+
+    def run_eager(self, kind: str, ordinal: int, block: nn.Module, *args, **kwargs):
+        """``block`` unchecked where the plan in use runs it so, checkpointed plainly where it keeps
+        nothing, else under its selective-checkpointing policy."""
+        if ordinal < self._plain.get(kind, 0):
+            return block(*args, **kwargs)
+        context = self.contexts(kind) if self._saved.get(kind) else (contextlib.nullcontext(), contextlib.nullcontext())
+        return checkpoint(block, *args, use_reentrant=False, preserve_rng_state=False,
+                          context_fn=lambda: context, **kwargs)
 
     def matched_share(self, window: int) -> float | None:
         """Of ``window``'s saved op ids, the share some forward of a block met (None: nothing saved)."""
@@ -93,6 +128,7 @@ class BudgetCheckpointing:
         (None: none)."""
         plans = self.plans.get(window)
         self._saved = {kind: frozenset(p.saved) for kind, p in plans.items()} if plans else {}
+        self._plain = dict(self.plain.get(window, {})) if plans else {}
         return plans is not None
 
 

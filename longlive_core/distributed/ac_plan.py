@@ -53,11 +53,14 @@ FILL_ROOMS = 256  # the equal steps of room a compiled plan is also filled into 
 SWAP_CANDIDATES = 4  # a compiled plan's swaps try the outputs left out that would spare the most time alone
 SWAPS = 4  # swaps per room at most
 SHARE_FACTORS = (0.5, 2.0)  # a measured plan's room is filled again with the fused shares scaled by these
+MEASURED_TIE = 0.01  # measured times within this share of each other are a tie: a block's median of ten
+# trials moved 0.5-0.6% between two processes on the H200
 # bumped when a profile or plan means something else (5: compiled plans priced fused; 6: a head's copies
 # no longer beside a block's transient; 7: profiled with the caption and modulation needing gradients only
 # where the step's do; 8: compiled plans swap; 9: measured plans reach past the rounds; 10: measured plans
-# chosen, and compared with smaller limits', by their measured time): cached ones are then not read
-FORMAT = 10
+# chosen, and compared with smaller limits', by their measured time; 11: eager plans measured against plain
+# checkpointing and unchecked blocks): cached ones are then not read
+FORMAT = 11
 
 
 def _ns(seconds: float) -> int:
@@ -348,7 +351,7 @@ def measured_plans(profiles: Mapping[str, BlockProfile], counts: Mapping[str, in
                    measure, rounds: int = 3, least_transient: int = 0, reach: int = 2) -> MeasuredPlan:
     """The plans under ``limit`` as the compiled step holds them: ``measure(kind, saved)`` gives what a
     compiled block of ``kind`` keeps, what its backward adds at once and the seconds its forward and
-    backward take, with the outputs ``saved`` names kept (``ac_profile.compiled_block_trial``);
+    backward take, with the outputs ``saved`` names kept (``ac_profile.block_trial``);
     ``static`` is everything else the step holds (the floor less its transient); ``least_transient``: a
     transient outside the blocks (the head's backward) that the step's transient is at least. Each
     kind's fusible ops are priced at the share of their eager time that its blocks measured with nothing

@@ -205,36 +205,51 @@ def _trial_contexts(key: int):
 
 
 class Trial(NamedTuple):
-    kept: int  # the bytes a compiled block's forward keeps for its backward
+    kept: int  # the bytes a block's forward keeps for its backward
     transient: int  # the most its backward adds at once
     seconds: float  # its forward and backward (the median of a few)
 
 
-def compiled_block_trial(block: torch.nn.Module, args: tuple, saved: tuple[str, ...] = (), repeats: int = 10
-                         ) -> Trial:
+PLAIN = None  # block_trial's ``saved`` for a block run without checkpointing: it keeps what autograd saves
+
+
+def block_trial(block: torch.nn.Module, args: tuple, saved: tuple[str, ...] | None = (), compiled: bool = True,
+                repeats: int = 10) -> Trial:
     """On CUDA, ``block(*args)`` checkpointed with the outputs of the ops ``saved`` names kept (none: as
-    ``full``) and compiled as a step compiles it: what its forward keeps, what its backward adds at
-    once, and how long the two take. The compiled partitioner decides what a checkpointed block really
-    keeps and when it recomputes, and fuses what it recomputes: the eager profile overprices all three
-    (on the H200, 5B dims, 56,320 tokens: a floor ~4 GiB and a plan's kept bytes ~1.8x over the
-    measured step). Compiles afresh (``torch._dynamo.reset``: the policy is read when the block is
-    traced). The block's gradients and the inputs' are left as they were. The time is a median of
-    ``repeats``: the fused share is the difference of two trials' times, and with 3 the same block's
-    share came out 0.20 and 0.77 in one process on the H200."""
+    ``full``; ``PLAIN``: not checkpointed) and run as a step runs it: what its forward keeps, what its
+    backward adds at once, and how long the two take.
+
+    ``compiled``: compiled as a step compiles it. The compiled partitioner decides what a checkpointed
+    block really keeps and when it recomputes, and fuses what it recomputes: the eager profile
+    overprices all three (on the H200, 5B dims, 56,320 tokens: a floor ~4 GiB and a plan's kept bytes
+    ~1.8x over the measured step). Compiles afresh (``torch._dynamo.reset``: the policy is read when
+    the block is traced). Eager, the time is what the eager profile cannot price: selective
+    checkpointing runs every op of the forward and of its recomputation through a Python dispatch mode
+    (nothing saved: plain checkpointing, as ``full`` runs), which costs more than it spares where a
+    pass is too small to keep the GPU busy (distill_dmd's rollout chunks, bench/RESULTS.md).
+
+    The block's gradients and the inputs' are left as they were. The time is a median of ``repeats``:
+    the fused share is the difference of two trials' times, and with 3 the same block's share came out
+    0.20 and 0.77 in one process on the H200."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     grads = [(t, t.grad) for t in list(block.parameters()) + _tensors(args) if t.requires_grad]
     key = max(_TRIALS, default=-1) + 1
-    _TRIALS[key] = frozenset(saved)
+    _TRIALS[key] = frozenset(saved or ())
     try:
-        torch._dynamo.reset()
-        wrapped = checkpoint_wrapper(block, context_fn=functools.partial(_trial_contexts, key),
-                                     preserve_rng_state=False)
-        compiled = torch.compile(wrapped, dynamic=False)
-        _backward(compiled(*args))  # compiles
+        if saved is PLAIN:
+            run = block
+        else:
+            context = functools.partial(_trial_contexts, key) if saved or compiled else \
+                checkpoint_module.noop_context_fn
+            run = checkpoint_wrapper(block, context_fn=context, preserve_rng_state=False)
+        if compiled:
+            torch._dynamo.reset()
+            run = torch.compile(run, dynamic=False)
+        _backward(run(*args))  # compiles; eager: lazy initialisation, autotuning
         torch.cuda.synchronize()
         start = torch.cuda.memory_allocated()
-        out = compiled(*args)
+        out = run(*args)
         torch.cuda.synchronize()
         kept = torch.cuda.memory_allocated() - start - sum(t.untyped_storage().nbytes() for t in _tensors(out))
         torch.cuda.reset_peak_memory_stats()
@@ -247,7 +262,7 @@ def compiled_block_trial(block: torch.nn.Module, args: tuple, saved: tuple[str, 
         for _ in range(repeats):
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-            _backward(compiled(*args))
+            _backward(run(*args))
             end.record()
             torch.cuda.synchronize()
             times.append(begin.elapsed_time(end) / 1000.0)

@@ -66,7 +66,11 @@ class BlockCheckpointing(Protocol):
     budget``: ``ac_budget.BudgetCheckpointing``, whose plans come from profiling the blocks)."""
 
     def contexts_for(self, block: nn.Module) -> Callable:
-        """The ``context_fn`` of ``block``'s checkpoint wrapper (called before the block is sharded)."""
+        """The ``context_fn`` of a compiled ``block``'s checkpoint wrapper (called before the block is sharded)."""
+
+    def checkpoint_fn_for(self, block: nn.Module, index: int) -> Callable:
+        """The ``checkpoint_fn`` of an eager ``block``'s wrapper, ``model.blocks[index]`` (called for each
+        block of a model in order, before the block is sharded)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,10 +170,10 @@ def apply_activation_checkpointing(model: WanDiT, mode: str, budget: BlockCheckp
     """none | full (each block's activations recomputed in backward) | selective (op-level: keeps
     matmul and attention outputs, every second matmul's excepted, and recomputes the rest) |
     compiler (the compiled blocks' partitioner recomputes under ``apply_compile``'s budget) |
-    budget (op-level, what ``budget``'s plan for the block says). ``compiler``'s blocks, and
-    ``none``'s where they are ``compiled``, recompute as ``full`` does when a step runs them eager
-    (one that probes NVFP4 SQNRs): eager, a block keeps more than compiled (124 against 101 GiB
-    without checkpointing, bench/RESULTS.md)."""
+    budget (what ``budget``'s plan for the block says: op-level, or eager blocks also unchecked).
+    ``compiler``'s blocks, and ``none``'s where they are ``compiled``, recompute as ``full`` does when
+    a step runs them eager (one that probes NVFP4 SQNRs): eager, a block keeps more than compiled (124
+    against 101 GiB without checkpointing, bench/RESULTS.md)."""
     if mode == "none" and not compiled:
         return
     for i, block in enumerate(model.blocks):
@@ -179,9 +183,11 @@ def apply_activation_checkpointing(model: WanDiT, mode: str, budget: BlockCheckp
             model.blocks[i] = checkpoint_wrapper(block, context_fn=_full_context, preserve_rng_state=False)
         elif mode == "full":
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False)
-        elif mode == "budget":
+        elif mode == "budget" and compiled:
             model.blocks[i] = checkpoint_wrapper(block, context_fn=budget.contexts_for(block),
                                                  preserve_rng_state=False)
+        elif mode == "budget":
+            model.blocks[i] = checkpoint_wrapper(block, checkpoint_fn=budget.checkpoint_fn_for(block, i))
         else:
             model.blocks[i] = checkpoint_wrapper(block, context_fn=_selective_context, preserve_rng_state=False)
 

@@ -48,8 +48,8 @@ from longlive_core.distributed.ac_budget import (
     memory_limit,
     plan_target,
 )
-from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, measured_plans, plan_blocks, priced_ns
-from longlive_core.distributed.ac_profile import compiled_block_trial, profile_block
+from longlive_core.distributed.ac_plan import MEASURED_TIE, ACPlan, BlockProfile, measured_plans, plan_blocks, priced_ns
+from longlive_core.distributed.ac_profile import block_trial, profile_block
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.checkpointing import agree
@@ -244,23 +244,19 @@ def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], coun
             "saved": sum(len(p.saved) for p in plans.values())}
 
 
-MEASURED_TIE = 0.01  # measured times within this share of each other are a tie: a block's median of ten
-# trials moved 0.5-0.6% between two processes on the H200
-
-
 def fastest_entry(entry: dict, below: list[tuple[float, dict]], counts: Mapping[str, int], target: int) -> dict:
     """Of ``entry`` and the entries cached for smaller plan targets (``PlanCache.below``: (target,
     entry)), the fastest among those whose predicted peak holds ``target``: by the blocks' measured
-    time where the plans were measured (compiled; faster by more than ``MEASURED_TIE``, since the times
-    come from other runs), else by what they recompute priced by ``entry``'s profiles (on a tie the
-    fewer bytes kept, then ``entry``). Plans that keep what ``entry``'s keep, or name ops its profiles
+    time where the plans were measured (compiled, or eager against plain checkpointing: ``ac_eager``;
+    faster by more than ``MEASURED_TIE``, since the times come from other runs), else by what they
+    recompute priced by ``entry``'s profiles (on a tie the fewer bytes kept, then ``entry``). Plans
+    that keep what ``entry``'s keep (and leave the same blocks unchecked), or name ops its profiles
     lack, are not candidates. Each target's plans come from a search of its own, and a measured search
     tries rooms that follow from what it measured: this is what makes more memory never give a slower
     plan than a smaller one's cached. An entry of another target says which (``planned_for``)."""
     profiles = {k: BlockProfile.from_json(p) for k, p in entry["profiles"].items()}
     shares = entry.get("fused_shares") or None
     plans_of = lambda e: {k: ACPlan.from_json(p) for k, p in e["plans"].items()}  # noqa: E731
-    own = plans_of(entry)
     timed = "measured_s" in entry
 
     def rank(e: dict) -> tuple | None:
@@ -270,10 +266,12 @@ def fastest_entry(entry: dict, below: list[tuple[float, dict]], counts: Mapping[
             return None
         return (e["measured_s"] if timed else price), e["kept"]
 
+    def keeps(e: dict) -> tuple:  # what a step keeps with ``e``: each kind's saved set, its unchecked blocks
+        return {k: p.saved for k, p in plans_of(e).items()}, e.get("unchecked", {})
+
     best, best_rank = entry, rank(entry)
     for limit, other in below:
-        if other["predicted_peak"] > target or {k: p.saved for k, p in plans_of(other).items()} == \
-                {k: p.saved for k, p in own.items()}:
+        if other["predicted_peak"] > target or keeps(other) == keeps(entry):
             continue
         r = rank(other)
         if r is None:
@@ -294,6 +292,12 @@ def log_plan(key: str, what: str, entry: dict, limit: int) -> None:
              "predicted peak %.2f GiB of %.2f", key, what, entry["saved"], entry["candidates"], entry["kept"] / 2**30,
              100 * entry["recompute_s"] / max(entry["forward_s"], 1e-12), entry["predicted_peak"] / 2**30,
              limit / 2**30)
+    if "eager" in entry:  # distill_dmd: the way its blocks measured fastest (ac_eager)
+        log.info("%s: %s: runs %s (measured fastest: %.3f s its blocks' forward and backward), %s", key, what,
+                 {"full": "full checkpointing", "plan": "the op-level plan", "unchecked": "blocks unchecked"}
+                 [entry["eager"]], entry["measured_s"],
+                 f"{sum(entry['unchecked'].values())} blocks of a model unchecked" if entry["unchecked"] else
+                 "every block checkpointed")
     if "planned_for" in entry:
         log.info("%s: %s: the plans made for a target of %.2f GiB (cached), %s than this target's own", key, what,
                  entry["planned_for"] / 2**30, "measured faster" if "measured_s" in entry else "priced faster")
@@ -314,6 +318,9 @@ def entry_metrics(entry: dict, suffix: str, matched: float | None) -> dict[str, 
         out[f"ac_planned_for_gib_{suffix}"] = entry["planned_for"] / 2**30
     if entry.get("fused_shares"):  # compiled: the fusible ops' recomputation against their eager time
         out[f"ac_fused_share_{suffix}"] = max(entry["fused_shares"].values())
+    if "eager" in entry:  # measured eager (distill_dmd): which way won, and the blocks of a model left unchecked
+        out[f"ac_unchecked_blocks_{suffix}"] = sum(entry["unchecked"].values())
+        out[f"ac_op_level_{suffix}"] = float(entry["eager"] == "plan")
     return out
 
 
@@ -398,7 +405,7 @@ class WindowPlanner:
             if self.device.type == "cuda" and self.cfg.compile:
                 # every rank runs each trial (a block's collectives) and takes rank 0's numbers: one decision
                 def measure(kind: str, saved: tuple[str, ...]) -> tuple[int, int, float]:
-                    return tuple(agree(tuple(compiled_block_trial(self.budget.probes[kind], args, saved))))
+                    return tuple(agree(tuple(block_trial(self.budget.probes[kind], args, saved))))
 
                 chosen = measured_plans(profiles, counts, static, self.target, measure,
                                         least_transient=outside.head_bytes)
