@@ -86,6 +86,10 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
         {"name": "f32-budget", "ac_plans": str(tmp_path / "plans"),
          "distill_dmd": {"recipe": "bf16", "param_dtype": "float32", "activation_checkpointing": "budget",
                          "ac_memory_limit_gib": 1.0}},
+        # the passes' ways chosen by (injected) trials: unchecked blocks spare the most, as many as fit
+        {"name": "f32-unchecked", "ac_plans": str(tmp_path / "unchecked-plans"), "eager_trials": [1.0, 1.2, 0.5, 1],
+         "distill_dmd": {"recipe": "bf16", "param_dtype": "float32", "activation_checkpointing": "budget",
+                         "ac_memory_limit_gib": 1.0}},
         {"name": "nvfp4", "ac_plans": str(tmp_path / "plans"),
          "distill_dmd": {"steps": 2, "activation_checkpointing": "budget", "ac_memory_limit_gib": 1.0}},
         {"name": "full", "full_weights": True, "distill_dmd": {"steps": 2, "recipe": "bf16"}}])
@@ -103,7 +107,7 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
     assert (base - made["x"]).abs().max() > 1e-3  # the adapter learned something
     # activation checkpointing recomputes the rollout's exit steps (with the generator's adapter and
     # the KV cache as it was) and the scores: the same losses and gradients
-    for run in ("f32-ac", "f32-budget"):
+    for run in ("f32-ac", "f32-budget", "f32-unchecked"):
         for plain, checkpointed in zip(runs["f32"]["summary"]["logged"], runs[run]["summary"]["logged"], strict=True):
             for key in ("critic_loss", "critic_grad_norm", "dmd_loss", "generator_grad_norm"):
                 if key in plain:
@@ -117,6 +121,10 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
             assert budget[f"ac_floor_gib_{name}"] < budget[f"ac_predicted_peak_gib_{name}"]
             assert budget[f"ac_saved_matched_{name}"] == 1.0, (run, name)
     assert len(list((tmp_path / "plans").glob("*.json"))) == 2  # one entry per configuration
+    unchecked = runs["f32-unchecked"]["summary"]
+    for name in ("critic", "generator"):  # every block of the tiny model unchecked, no op-level plan
+        assert unchecked[f"ac_unchecked_blocks_{name}"] == 2 and unchecked[f"ac_op_level_{name}"] == 0.0
+        assert unchecked[f"ac_recompute_fraction_{name}"] == 0.0
     nvfp4, full = runs["nvfp4"]["summary"], runs["full"]["summary"]
     assert "20 linear layers converted" in nvfp4["conversion"] and nvfp4["steps_run"] == 2
     assert full["steps_run"] == 2 and all(math.isfinite(m["critic_loss"]) for m in full["logged"])

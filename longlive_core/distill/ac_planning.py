@@ -142,6 +142,10 @@ class DistillPlanner:
         made = agree({k: profile_block(p, args).to_json() for k, p in sorted(self.budget.probes.items())})
         return {k: BlockProfile.from_json(p) for k, p in made.items()}
 
+    def measures(self) -> bool:
+        """Whether the passes' ways are chosen by measured trials (CUDA: the allocator counts what a block keeps)."""
+        return self.device.type == "cuda"
+
     def _trials(self, args: tuple, plans: dict[str, ACPlan]) -> dict[str, EagerTrials]:
         """Each kind's block measured eager at ``args``: checkpointed plainly, under its plan, unchecked
         (every rank runs them, rank 0's numbers are every rank's)."""
@@ -196,7 +200,7 @@ class DistillPlanner:
                 room = self.target - sum(parts.values())
                 plans = plan_blocks(profiles, pass_counts, room)
                 kept = sum(pass_counts[k] * plans[k].saved_bytes for k in plans)
-                if self.device.type != "cuda":  # no trials: the op-level plans as the profile prices them
+                if not self.measures():  # no trials: the op-level plans as the profile prices them
                     out[name] = plan_entry(profiles, plans, pass_counts, parts, kept)
                     continue
                 trials = self._trials(args[name], plans)
@@ -206,8 +210,8 @@ class DistillPlanner:
                              for k, p in plans.items()}
                     kept = choice.kept
                 entry = plan_entry(profiles, plans, pass_counts, parts, kept, measured_s=choice.seconds)
-                entry["recompute_s"] -= runs[name] * sum(k * profiles[kind].forward_s
-                                                         for kind, k in choice.unchecked.items())
+                entry["recompute_s"] = runs[name] * sum((self.counts[k] - choice.unchecked.get(k, 0)) * p.recompute_s
+                                                        for k, p in plans.items())  # unchecked: none
                 out[name] = {**entry, "eager": choice.how, "unchecked": choice.unchecked,
                              "eager_trials": {k: t.to_json() for k, t in trials.items()}}
         finally:

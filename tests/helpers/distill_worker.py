@@ -3,22 +3,26 @@
     torchrun --nproc_per_node=N -m tests.helpers.distill_worker SPEC.json OUT_DIR
 
 SPEC.json holds {"runs": [{"name", "distill_dmd": {...}, "ar_model", "latents", "checkpoints",
-"stop_after", "full_weights", "generated", "gradients"}, ...]}, run in order. Rank 0 writes OUT_DIR/<name>/summary.json
-(with every metric logged) and the generator's adapter as peft saves one (OUT_DIR/<name>/adapter/);
-a "generated" run also writes the generator's rollout of the first stats prompt (generated.safetensors).
+"stop_after", "full_weights", "generated", "gradients", "eager_trials"}, ...]}, run in order. Rank 0
+writes OUT_DIR/<name>/summary.json (with every metric logged) and the generator's adapter as peft saves
+one (OUT_DIR/<name>/adapter/); a "generated" run also writes the generator's rollout of the first stats
+prompt (generated.safetensors).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
 from longlive_core.config import from_mapping
+from longlive_core.distill.ac_planning import DistillPlanner
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.trainer import DistillInputs, DMDTrainer
+from longlive_core.distributed.ac_eager import EagerTrials
 from tests.helpers.worker import main_over_runs
 
 
@@ -42,6 +46,17 @@ def gradients(trainer: DMDTrainer, out: Path) -> None:
 
 
 def run_one(spec: dict, out: Path) -> None:
+    """``eager_trials``: (full, plan, unchecked seconds, unchecked bytes) every block kind measures in
+    every pass, injected (on the CPU the budget planner measures nothing: ``DistillPlanner.measures``)."""
+    if "eager_trials" not in spec:
+        return run_spec(spec, out)
+    trials = EagerTrials(*spec["eager_trials"])
+    with mock.patch.object(DistillPlanner, "measures", lambda self: True), \
+            mock.patch.object(DistillPlanner, "_trials", lambda self, args, plans: dict.fromkeys(plans, trials)):
+        return run_spec(spec, out)
+
+
+def run_spec(spec: dict, out: Path) -> None:
     cfg = from_mapping(DistillDMDConfig, spec["distill_dmd"], "distill_dmd")
     inputs = DistillInputs(Path(spec["ar_model"]), Path(spec["latents"]), Path(spec["checkpoints"]),
                            {"run": spec.get("digest", "d")}, Path(spec["ac_plans"]) if "ac_plans" in spec else None)
