@@ -17,7 +17,7 @@ peak memory. Variants: ``fp32``, ``bf16`` (the product's default on a GPU), ``-c
 weights and input, ``-compile`` each decoder call compiled with fixed shapes, ``-fN`` N latent frames
 per decoder call after a shot's first (``ShotDecoder(frames_per_call=N)``; the product's is 1), ``-bm``
 cuDNN's autotuner on for the convolutions (``torch.backends.cudnn.benchmark``, which the product
-leaves off: a bench-only switch until it is measured).
+leaves off: compiled and channels-last, it gained nothing on an H100, bench/RESULTS.md).
 """
 from __future__ import annotations
 
