@@ -28,7 +28,7 @@ from longlive_core.distill.trainer import DMDTrainer
 from longlive_core.distributed import ac_budget, ac_plan
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, block_kind, check_peak, require_limit
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, measured_plans, plan_block, plan_blocks
-from longlive_core.distributed.ac_profile import block_trial, profile_block
+from longlive_core.distributed.ac_profile import PLAIN, block_trial, profile_block
 from longlive_core.distributed.parallelize import apply_activation_checkpointing, clean_name
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
@@ -206,7 +206,7 @@ def test_two_block_kinds_share_one_limit():
 def loss_and_grads(mode: str, limit_share: float = 0.5, unchecked: int = 0, runs: list | None = None
                    ) -> tuple[torch.Tensor, dict, ACPlan | None]:
     """One step of the tiny model under ``mode``; budget: a plan of ``limit_share`` of the candidates'
-    bytes, the first ``unchecked`` blocks run unchecked; ``runs`` collects the index of each block
+    bytes, the last ``unchecked`` blocks run unchecked; ``runs`` collects the index of each block
     forward run (a recomputation runs it again)."""
     torch.manual_seed(0)
     model = WanDiT(DIT_CONFIGS["tiny"])
@@ -239,7 +239,7 @@ def loss_and_grads(mode: str, limit_share: float = 0.5, unchecked: int = 0, runs
 
 @pytest.mark.parametrize("share, unchecked", [(0.5, 0), (0.5, 1), (0.0, 1), (0.0, 0)])
 def test_the_budget_policy_changes_no_number(share, unchecked, monkeypatch):
-    """Eager blocks as the plan says: the first ``unchecked`` run once, the others are recomputed, under
+    """Eager blocks as the plan says: the last ``unchecked`` run once, the others are recomputed, under
     selective checkpointing where their plan keeps something and plainly where it keeps nothing."""
     loss, grads, _ = loss_and_grads("none")
     if share == 0.0:  # nothing kept: no dispatch mode (its Python costs every op, ac_eager)
@@ -250,7 +250,8 @@ def test_the_budget_policy_changes_no_number(share, unchecked, monkeypatch):
         assert plan.saved and 0 < plan.recompute_fraction < 1  # some outputs kept, some recomputed
     else:
         assert not plan.saved
-    assert runs == [0, 1, 1] + [0] * (unchecked == 0)  # the backward recomputes the checkpointed blocks
+    # the backward recomputes the checkpointed blocks: with one unchecked, the first (the last is unchecked)
+    assert runs == ([0, 1, 0] if unchecked else [0, 1, 1, 0])
     assert torch.equal(loss, loss_ac) and grads.keys() == grads_ac.keys()
     for name in grads:
         torch.testing.assert_close(grads_ac[name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
@@ -799,6 +800,23 @@ def test_a_compiled_block_is_measured_as_the_compiler_keeps_it():
     assert all(p.grad is None for p in block.parameters())  # as profile_block left them
     assert nothing < 2**20 < everything  # full keeps (almost) nothing; keeping every candidate keeps some
     assert transient_full > 0 and transient_all > 0 and seconds_full > 0 and seconds_all > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+def test_an_eager_block_is_measured_checkpointed_planned_and_unchecked_on_the_gpu():
+    """distill_dmd's eager trials: plain checkpointing keeps (almost) nothing, a plan what it saves, an
+    unchecked block what autograd saves; the gradients are left as they were."""
+    block = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 4096), nn.GELU(),
+                          nn.Linear(4096, 1024)).cuda()
+    x = torch.randn(8192, 1024, device="cuda", requires_grad=True)
+    eager = profile_block(block, (x,))
+    first = next(op for op in eager.ops if op.candidate)
+    full = block_trial(block, (x,), (), compiled=False)
+    plan = block_trial(block, (x,), (first.id,), compiled=False)
+    unchecked = block_trial(block, (x,), PLAIN, compiled=False)
+    assert all(p.grad is None for p in block.parameters()) and x.grad is None
+    assert full.kept < 2**20 and plan.kept >= first.bytes and unchecked.kept > plan.kept
+    assert min(full.seconds, plan.seconds, unchecked.seconds) > 0
 
 
 def test_a_heads_copies_bound_the_transient_but_never_add_to_a_blocks():

@@ -14,7 +14,7 @@ generator's floor also holds every chunk the rollout wrote to its cache (the che
 reference the cache as it was until the backward) and runs the scores' forwards on top: its transient
 is the larger of the two passes'. Distillation does not compile, so the eager profile prices exactly
 what the step keeps, but not what selective checkpointing costs in Python: on CUDA each pass runs the
-fastest of ``full``, the op-level plan and its first blocks unchecked, as a block measured them
+fastest of ``full``, the op-level plan and its last blocks unchecked, as a block measured them
 (``distributed.ac_eager``). Profiles and trials run on every rank and rank 0's are every rank's; plans are cached on
 rank 0's disk by what they depend on. Profiling forks the RNG and runs on a copy of a block: it
 changes no number of the run.
@@ -60,7 +60,8 @@ from longlive_core.train.layout import TeacherForcingLayout
 
 KEY = "distill_dmd.ac_memory_limit_gib"
 PASSES = ("critic", "generator")
-TRIAL_REPEATS = 5  # a block's eager trials: forward and backward timed this many times, the median kept
+TRIAL_REPEATS = 10  # a block's eager trials: forward and backward timed this many times, the median kept (as
+# compiled trials are, which ac_plan.MEASURED_TIE was measured on)
 
 
 def chunk_inputs(model: WanDiT, chunk_frames: int, past_frames: int, tokens_per_frame: int, text_tokens: int,
@@ -175,10 +176,11 @@ class DistillPlanner:
         try:
             with forked_rng(self.device):
                 args = {"critic": block_inputs(self.model, layout, self.grid, self.dtype, self.device)}
+                critic = self._profiles(args["critic"])
             with forked_rng(self.device):
                 args["generator"] = chunk_inputs(self.model, self.chunk, self.past_frames, tokens_per_frame,
                                                  self.text_tokens, self.grid, self.dtype, self.device)
-            critic, generator = self._profiles(args["critic"]), self._profiles(args["generator"])
+                generator = self._profiles(args["generator"])
             passes = {
                 "critic": (critic, counts["critic"], {
                     **static, "block_inputs": blocks * max(p.input_bytes for p in critic.values()),
@@ -203,13 +205,14 @@ class DistillPlanner:
                 if not self.measures():  # no trials: the op-level plans as the profile prices them
                     out[name] = plan_entry(profiles, plans, pass_counts, parts, kept)
                     continue
-                trials = self._trials(args[name], plans)
+                trials = self._trials(args.pop(name), plans)  # a pass's inputs freed after its trials
                 choice = eager_choice(trials, self.counts, runs[name], room, plan_keeps=kept > 0)
                 if choice.how != "plan":  # full or unchecked: what the other blocks keep is nothing
                     plans = {k: dataclasses.replace(p, saved=(), saved_bytes=0, recompute_s=p.forward_s)
                              for k, p in plans.items()}
                     kept = choice.kept
                 entry = plan_entry(profiles, plans, pass_counts, parts, kept, measured_s=choice.seconds)
+                entry["planned_kept"] = kept  # the unchecked blocks' bytes as measured are all it prices
                 entry["recompute_s"] = runs[name] * sum((self.counts[k] - choice.unchecked.get(k, 0)) * p.recompute_s
                                                         for k, p in plans.items())  # unchecked: none
                 out[name] = {**entry, "eager": choice.how, "unchecked": choice.unchecked,

@@ -6,7 +6,8 @@ Compiled blocks are wrapped as ``selective`` wraps them, with a context that rea
 last (``use``). Before any plan, and for a window without one, nothing is saved: the step runs as
 ``full`` does. Eager blocks read the plan when they run: one that keeps nothing is checkpointed
 plainly (selective checkpointing's dispatch mode costs every op time in Python), and a plan may run
-the first blocks of a kind in their model without checkpointing at all (``plain``). Under compile
+the last blocks of a kind in their model without checkpointing at all (``plain``: the backward
+reaches them first, so what they keep is freed before the other blocks recompute). Under compile
 the policy is read when a block is traced, once per input shape; a window's shapes are its own, so
 each window's compiled blocks keep that window's plan (on the CPU, torch 2.14, a compiled tiny
 block's traced ops carry the eager profile's ids: every saved id was matched; not a test, compiling
@@ -15,7 +16,6 @@ is slow).
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import functools
 import hashlib
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, noop_context_fn
 
 from longlive_core.config import ConfigError
 from longlive_core.distributed.ac_plan import FORMAT, ACPlan
@@ -69,11 +69,12 @@ class BudgetCheckpointing:
         self.probes: dict[str, nn.Module] = {}
         self.counts: collections.Counter = collections.Counter()  # blocks of each kind
         self.plans: dict[int, dict[str, ACPlan]] = {}
-        # per plan, the blocks of each kind (the first ones of their model) an eager step runs unchecked
+        # per plan, the blocks of each kind (the last ones of their model) an eager step runs unchecked
         self.plain: dict[int, dict[str, int]] = {}
         self._saved: dict[str, frozenset[str]] = {}
         self._plain: dict[str, int] = {}
         self._ordinals: collections.Counter = collections.Counter()  # the blocks of each kind wrapped in a model
+        self.per_model: dict[str, int] = {}  # the blocks of each kind in a model
         self.matched: dict[str, set[str]] = collections.defaultdict(set)  # saved ids a forward (or trace) met
         self.number = next(_NUMBERS)
         _HOLDERS[self.number] = self
@@ -90,6 +91,7 @@ class BudgetCheckpointing:
             self._ordinals = collections.Counter()
         ordinal = self._ordinals[kind]
         self._ordinals[kind] += 1
+        self.per_model[kind] = max(self.per_model.get(kind, 0), ordinal + 1)
         return functools.partial(_eager_checkpoint, self.number, kind, ordinal)
 
     def _register(self, block: nn.Module) -> str:
@@ -108,13 +110,12 @@ class BudgetCheckpointing:
                                                                    self.matched[kind]))
 
     def run_eager(self, kind: str, ordinal: int, block: nn.Module, *args, **kwargs):
-        """``block`` unchecked where the plan in use runs it so, checkpointed plainly where it keeps
-        nothing, else under its selective-checkpointing policy."""
-        if ordinal < self._plain.get(kind, 0):
+        """``block``, the ``ordinal``-th of its kind in its model, unchecked where the plan in use runs it
+        so, checkpointed plainly where it keeps nothing, else under its selective-checkpointing policy."""
+        if ordinal >= self.per_model[kind] - self._plain.get(kind, 0):
             return block(*args, **kwargs)
-        context = self.contexts(kind) if self._saved.get(kind) else (contextlib.nullcontext(), contextlib.nullcontext())
-        return checkpoint(block, *args, use_reentrant=False, preserve_rng_state=False,
-                          context_fn=lambda: context, **kwargs)
+        context = functools.partial(self.contexts, kind) if self._saved.get(kind) else noop_context_fn
+        return checkpoint(block, *args, use_reentrant=False, preserve_rng_state=False, context_fn=context, **kwargs)
 
     def matched_share(self, window: int) -> float | None:
         """Of ``window``'s saved op ids, the share some forward of a block met (None: nothing saved)."""

@@ -1,6 +1,6 @@
 """How an eager step's blocks keep their activations under ``activation_checkpointing: budget``,
 chosen by measured time (``ac_profile.block_trial``): the op-level plan (``ac_plan.plan_blocks``),
-plain checkpointing (``full``: nothing kept), or the first blocks of each kind unchecked and the rest
+plain checkpointing (``full``: nothing kept), or the last blocks of each kind unchecked and the rest
 checkpointed plainly.
 
 The eager profile prices what a plan spares on the GPU, not what selective checkpointing costs on
@@ -35,7 +35,7 @@ class EagerTrials:
 @dataclasses.dataclass(frozen=True)
 class EagerChoice:
     how: str  # full | plan | unchecked
-    unchecked: dict[str, int]  # the blocks of each kind in a model that run unchecked (the first ones)
+    unchecked: dict[str, int]  # the blocks of each kind in a model that run unchecked (the last ones)
     kept: int  # what the unchecked blocks keep, every run of them together (0 for full and plan)
     seconds: float  # the pass's blocks' forward and backward, as measured
 

@@ -228,7 +228,7 @@ def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], coun
     cost, per kind, as a share of their eager time, from ``share_trials``: a compiled block's seconds with
     nothing and with every output kept. ``room_trials``: the plans measured on the way
     (``MeasuredPlan.room_trials``); ``measured_s``: every block's forward and backward as measured with
-    the plans (compiled)."""
+    the plans (compiled, or eager: ``ac_eager``)."""
     floor = sum(parts.values())
     measured = {} if measured_s is None else {"measured_s": measured_s}
     return {**measured, "profiles": {k: p.to_json() for k, p in profiles.items()}, "fused_shares": fused_shares or {},
