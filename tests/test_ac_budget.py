@@ -27,6 +27,7 @@ from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.trainer import DMDTrainer
 from longlive_core.distributed import ac_budget, ac_plan
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, block_kind, check_peak, require_limit
+from longlive_core.distributed.ac_eager import EagerTrials
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, measured_plans, plan_block, plan_blocks
 from longlive_core.distributed.ac_profile import PLAIN, block_trial, profile_block
 from longlive_core.distributed.parallelize import apply_activation_checkpointing, clean_name
@@ -493,6 +494,22 @@ def test_a_budget_run_trains_as_a_run_without_checkpointing_and_reports_its_plan
         assert budget[f"ac_floor_gib_{window}f"] < budget[f"ac_predicted_peak_gib_{window}f"]
         assert budget[f"ac_saved_matched_{window}f"] == 1.0  # eager: the policy met every id the plan saves
     assert budget["lineage"][0]["ac_memory_limit_gib"] == 1.0
+
+
+def test_an_eager_run_on_cuda_leaves_the_blocks_its_trials_measured_fastest_unchecked(tmp_path, two_lengths,
+                                                                                     gloo_world, monkeypatch):
+    """Eager on CUDA each window runs the fastest of full, its plan and unchecked blocks (ac_eager); the
+    trials are injected (on the CPU the planner measures nothing): unchecked blocks, as many as the limit
+    holds, train as no checkpointing does."""
+    monkeypatch.setattr(ac_planning.WindowPlanner, "measures", lambda self: True)
+    trials = EagerTrials(full_s=1.0, plan_s=1.2, unchecked_s=0.5, unchecked_kept=1)
+    monkeypatch.setattr(ac_planning, "eager_trials", lambda probes, args, plans, device: dict.fromkeys(plans, trials))
+    budget = budget_trainer(two_lengths, tmp_path / "a", tmp_path / "plans").run()
+    plain = budget_trainer(two_lengths, tmp_path / "b", tmp_path / "plans", activation_checkpointing="none").run()
+    assert budget["final_loss"] == plain["final_loss"]
+    for window in (4, 8):
+        assert budget[f"ac_unchecked_blocks_{window}f"] == 2 and budget[f"ac_op_level_{window}f"] == 0.0
+        assert budget[f"ac_kept_gib_{window}f"] == 2 / 2**30 and budget[f"ac_recompute_fraction_{window}f"] == 0.0
 
 
 def test_a_probed_step_of_a_compiled_run_runs_eager_and_keeps_nothing(tmp_path, two_lengths, gloo_world,

@@ -35,9 +35,8 @@ from longlive_core.distributed.ac_budget import (
     memory_limit,
     plan_target,
 )
-from longlive_core.distributed.ac_eager import EagerTrials, eager_choice
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
-from longlive_core.distributed.ac_profile import PLAIN, block_trial, profile_block
+from longlive_core.distributed.ac_profile import profile_block
 from longlive_core.infer.kv_cache import KVCache, largest_buffer
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
@@ -46,6 +45,8 @@ from longlive_core.train.ac_planning import (
     StepPeak,
     block_inputs,
     cast_probes,
+    eager_entry,
+    eager_trials,
     embeddings_need_grad,
     entry_metrics,
     fastest_entry,
@@ -60,8 +61,6 @@ from longlive_core.train.layout import TeacherForcingLayout
 
 KEY = "distill_dmd.ac_memory_limit_gib"
 PASSES = ("critic", "generator")
-TRIAL_REPEATS = 10  # a block's eager trials: forward and backward timed this many times, the median kept (as
-# compiled trials are, which ac_plan.MEASURED_TIE was measured on)
 
 
 def chunk_inputs(model: WanDiT, chunk_frames: int, past_frames: int, tokens_per_frame: int, text_tokens: int,
@@ -147,19 +146,6 @@ class DistillPlanner:
         """Whether the passes' ways are chosen by measured trials (CUDA: the allocator counts what a block keeps)."""
         return self.device.type == "cuda"
 
-    def _trials(self, args: tuple, plans: dict[str, ACPlan]) -> dict[str, EagerTrials]:
-        """Each kind's block measured eager at ``args``: checkpointed plainly, under its plan, unchecked
-        (every rank runs them, rank 0's numbers are every rank's)."""
-        out = {}
-        for kind, probe in sorted(self.budget.probes.items()):
-            with forked_rng(self.device):  # a block's backward may draw (stochastic rounding)
-                full = block_trial(probe, args, (), compiled=False, repeats=TRIAL_REPEATS)
-                plan = block_trial(probe, args, plans[kind].saved, compiled=False, repeats=TRIAL_REPEATS) \
-                    if plans[kind].saved else full
-                unchecked = block_trial(probe, args, PLAIN, compiled=False, repeats=TRIAL_REPEATS)
-            out[kind] = agree((full.seconds, plan.seconds, unchecked.seconds, unchecked.kept))
-        return {kind: EagerTrials(*t) for kind, t in out.items()}
-
     def _plan(self) -> dict[str, dict]:
         cfg, dim, item = self.cfg, self.model.cfg.dim, self.dtype.itemsize
         tokens_per_frame = self.grid[0] * self.grid[1]
@@ -201,22 +187,12 @@ class DistillPlanner:
             for name, (profiles, pass_counts, parts) in passes.items():
                 room = self.target - sum(parts.values())
                 plans = plan_blocks(profiles, pass_counts, room)
-                kept = sum(pass_counts[k] * plans[k].saved_bytes for k in plans)
-                if not self.measures():  # no trials: the op-level plans as the profile prices them
-                    out[name] = plan_entry(profiles, plans, pass_counts, parts, kept)
-                    continue
-                trials = self._trials(args.pop(name), plans)  # a pass's inputs freed after its trials
-                choice = eager_choice(trials, self.counts, runs[name], room, plan_keeps=kept > 0)
-                if choice.how != "plan":  # full or unchecked: what the other blocks keep is nothing
-                    plans = {k: dataclasses.replace(p, saved=(), saved_bytes=0, recompute_s=p.forward_s)
-                             for k, p in plans.items()}
-                    kept = choice.kept
-                entry = plan_entry(profiles, plans, pass_counts, parts, kept, measured_s=choice.seconds)
-                entry["planned_kept"] = kept  # the unchecked blocks' bytes as measured are all it prices
-                entry["recompute_s"] = runs[name] * sum((self.counts[k] - choice.unchecked.get(k, 0)) * p.recompute_s
-                                                        for k, p in plans.items())  # unchecked: none
-                out[name] = {**entry, "eager": choice.how, "unchecked": choice.unchecked,
-                             "eager_trials": {k: t.to_json() for k, t in trials.items()}}
+                if self.measures():  # the fastest of full, the plan and unchecked blocks; its inputs freed after
+                    trials = eager_trials(self.budget.probes, args.pop(name), plans, self.device)
+                    out[name] = eager_entry(profiles, plans, self.counts, runs[name], parts, room, trials)
+                else:  # no trials: the op-level plans as the profile prices them
+                    out[name] = plan_entry(profiles, plans, pass_counts, parts,
+                                           sum(pass_counts[k] * plans[k].saved_bytes for k in plans))
         finally:
             for probe in self.budget.probes.values():
                 probe.to("cpu")

@@ -19,7 +19,10 @@ the eager profile overprices both (H200, 5B dims, 56,320 tokens: a floor ~4 GiB 
 ~1.8x), and fuses the elementwise ops it recomputes: the floor's transient and each candidate
 plan's bytes are then measured on a compiled copy of the block, and the fused ops' share of their
 eager time from its time with nothing and with everything kept (``ac_plan.measured_plans``, a few
-compilations when training starts). After every step
+compilations when training starts). Eager on CUDA (distill_dmd's passes alike), selective
+checkpointing's Python dispatch mode costs what the profile does not price, so the step runs the
+fastest of ``full``, the plan and its last blocks unchecked, as one block measured them
+(``eager_trials``, ``eager_entry``, ``distributed.ac_eager``). After every step
 the measured peak (on CUDA, the world's largest) is checked against the limit.
 
 Profiles run on every rank at once (sequence parallelism's all-to-all is inside a block) and rank
@@ -48,8 +51,9 @@ from longlive_core.distributed.ac_budget import (
     memory_limit,
     plan_target,
 )
+from longlive_core.distributed.ac_eager import EagerTrials, eager_choice
 from longlive_core.distributed.ac_plan import MEASURED_TIE, ACPlan, BlockProfile, measured_plans, plan_blocks, priced_ns
-from longlive_core.distributed.ac_profile import block_trial, profile_block
+from longlive_core.distributed.ac_profile import PLAIN, block_trial, profile_block
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.train.checkpointing import agree
@@ -244,6 +248,44 @@ def plan_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], coun
             "saved": sum(len(p.saved) for p in plans.values())}
 
 
+EAGER_TRIAL_REPEATS = 10  # a block's eager trials: forward and backward timed this many times, the median kept
+# (as compiled trials are, which ac_plan.MEASURED_TIE was measured on)
+
+
+def eager_trials(probes: Mapping[str, torch.nn.Module], args: tuple, plans: Mapping[str, ACPlan],
+                 device: torch.device) -> dict[str, EagerTrials]:
+    """Each kind's block measured eager at ``args`` (collective: every rank runs them, rank 0's numbers
+    are every rank's): checkpointed plainly, under its plan, unchecked."""
+    out = {}
+    for kind, probe in sorted(probes.items()):
+        with forked_rng(device):  # a block's backward may draw (stochastic rounding)
+            full = block_trial(probe, args, (), compiled=False, repeats=EAGER_TRIAL_REPEATS)
+            plan = block_trial(probe, args, plans[kind].saved, compiled=False, repeats=EAGER_TRIAL_REPEATS) \
+                if plans[kind].saved else full
+            unchecked = block_trial(probe, args, PLAIN, compiled=False, repeats=EAGER_TRIAL_REPEATS)
+        out[kind] = agree((full.seconds, plan.seconds, unchecked.seconds, unchecked.kept))
+    return {kind: EagerTrials(*t) for kind, t in out.items()}
+
+
+def eager_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], blocks: Mapping[str, int], runs: int,
+                parts: dict[str, int], room: int, trials: Mapping[str, EagerTrials], absorbed: int = 0) -> dict:
+    """``plan_entry`` of an eager pass run the fastest measured way (``ac_eager.eager_choice``): ``plans``
+    as planned for the pass's ``room`` (the limit less the floor, ``absorbed`` given back), ``blocks`` of
+    each kind in a model, each run ``runs`` times."""
+    counts = {k: runs * n for k, n in blocks.items()}
+    kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
+    choice = eager_choice(trials, blocks, runs, room, plan_keeps=kept > 0)
+    if choice.how != "plan":  # full or unchecked: what the other blocks keep is nothing
+        plans = {k: dataclasses.replace(p, saved=(), saved_bytes=0, recompute_s=p.forward_s) for k, p in plans.items()}
+        kept = choice.kept
+    entry = plan_entry(profiles, plans, counts, parts, kept, absorbed, measured_s=choice.seconds)
+    entry["recompute_s"] = runs * sum((blocks[k] - choice.unchecked.get(k, 0)) * p.recompute_s
+                                      for k, p in plans.items())  # unchecked: none
+    entry["planned_kept"] = kept  # the unchecked blocks' bytes as measured are all it prices
+    return {**entry, "eager": choice.how, "unchecked": choice.unchecked,
+            "eager_trials": {k: t.to_json() for k, t in trials.items()}}
+
+
 def fastest_entry(entry: dict, below: list[tuple[float, dict]], counts: Mapping[str, int], target: int) -> dict:
     """Of ``entry`` and the entries cached for smaller plan targets (``PlanCache.below``: (target,
     entry)), the fastest among those whose predicted peak holds ``target``: by the blocks' measured
@@ -369,6 +411,10 @@ class WindowPlanner:
         with forked_rng(self.device):
             yield block_inputs(self.model, layout, self.grid, self.dtype, self.device)
 
+    def measures(self) -> bool:
+        """Whether plans are chosen by measured trials (CUDA: the allocator counts what a block keeps)."""
+        return self.device.type == "cuda"
+
     def _plan_window(self, window: int) -> dict:
         layout = TeacherForcingLayout(window, self.cfg.chunk_frames, self.grid[0] * self.grid[1], self.text_tokens,
                                       self.cfg.sp)
@@ -402,7 +448,8 @@ class WindowPlanner:
                 parts["grads"] -= replaced
                 absorbed = block_grads - replaced
             static = sum(parts.values()) - absorbed  # what the knapsack's room is counted from
-            if self.device.type == "cuda" and self.cfg.compile:
+            eager = None  # the entry of an eager step's measured choice
+            if self.measures() and self.cfg.compile:
                 # every rank runs each trial (a block's collectives) and takes rank 0's numbers: one decision
                 def measure(kind: str, saved: tuple[str, ...]) -> tuple[int, int, float]:
                     return tuple(agree(tuple(block_trial(self.budget.probes[kind], args, saved))))
@@ -416,12 +463,17 @@ class WindowPlanner:
                 shares = trials = seconds = None
                 rooms = ()
                 transient = outside.transient(max(p.transient_bytes for p in profiles.values()))
-                plans = plan_blocks(profiles, counts, self.target - static - transient)
+                room = self.target - static - transient
+                plans = plan_blocks(profiles, counts, room)
                 kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
+                if self.measures():  # eager on CUDA: the fastest of full, the plan and unchecked blocks
+                    eager = eager_entry(profiles, plans, counts, 1, {**parts, "transient": transient}, room,
+                                        eager_trials(self.budget.probes, args, plans, self.device), absorbed)
         parts["transient"] = transient
         # rank 0's plans on every rank (the ranks' own memory can differ by a shard's padding): one compiled
         # partition around the collectives, and a rerun's cached plans are the first run's
-        entry = agree(plan_entry(profiles, plans, counts, parts, kept, absorbed, shares, trials, rooms, seconds))
+        entry = agree(eager or plan_entry(profiles, plans, counts, parts, kept, absorbed, shares, trials, rooms,
+                                          seconds))
         if self.rank == 0:
             self.cache.put(key, entry)
         return entry
@@ -434,6 +486,7 @@ class WindowPlanner:
         for window in todo:
             entry = self._plan_window(window)
             self.budget.plans[window] = {k: ACPlan.from_json(p) for k, p in entry["plans"].items()}
+            self.budget.plain[window] = dict(entry.get("unchecked", {}))
             self.report[window] = entry
             log_plan(KEY, f"{window}-frame windows", entry, self.target)
         if self.world > 1:  # no later planning: the copies' memory goes back

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from longlive_core.config import from_mapping
+from longlive_core.distill import ac_planning as distill_planning
 from longlive_core.distill.ac_planning import DistillPlanner
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.trainer import DistillInputs, DMDTrainer
@@ -52,7 +53,8 @@ def run_one(spec: dict, out: Path) -> None:
         return run_spec(spec, out)
     trials = EagerTrials(*spec["eager_trials"])
     with mock.patch.object(DistillPlanner, "measures", lambda self: True), \
-            mock.patch.object(DistillPlanner, "_trials", lambda self, args, plans: dict.fromkeys(plans, trials)):
+            mock.patch.object(distill_planning, "eager_trials", lambda probes, args, plans, device:
+                              dict.fromkeys(plans, trials)):
         return run_spec(spec, out)
 
 
