@@ -15,9 +15,9 @@ reference the cache as it was until the backward) and runs the scores' forwards 
 is the larger of the two passes'. Distillation does not compile, so the eager profile prices exactly
 what the step keeps, but not what selective checkpointing costs in Python: on CUDA each pass runs the
 fastest of ``full``, the op-level plan and its last blocks unchecked, as a block measured them
-(``distributed.ac_eager``). Profiles and trials run on every rank and rank 0's are every rank's; plans are cached on
-rank 0's disk by what they depend on. Profiling forks the RNG and runs on a copy of a block: it
-changes no number of the run.
+(``train.ac_planning.eager_entry``). Profiles and trials run on every rank and rank 0's are every
+rank's; plans are cached on rank 0's disk by what they depend on. Profiling and trials fork the RNG
+and run on a copy of a block: they change no number of the run.
 """
 from __future__ import annotations
 
