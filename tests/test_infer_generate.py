@@ -262,9 +262,15 @@ def test_quantized_caches_nvfp4_and_fp8_weights_run_and_the_cache_is_smaller(mod
     prompts = tmp_path / "p.txt"
     prompts.write_text(TWO_SHOTS)
     plain = generate_file(model_dir, prompts, tmp_path / "plain.mp4", config())
-    packed = generate_file(model_dir, prompts, tmp_path / "fp4.mp4", config(kv="nvfp4", precision="nvfp4"))
-    fp8 = generate_file(model_dir, prompts, tmp_path / "fp8.mp4", config(kv="fp8", precision="fp8"))
+    packed = generate_file(model_dir, prompts, tmp_path / "fp4.mp4",
+                           config(kv="nvfp4", precision="nvfp4", kv_four_over_six="mse"))
+    fp8 = generate_file(model_dir, prompts, tmp_path / "fp8.mp4",
+                        config(kv="fp8", precision="fp8", kv_four_over_six="mse"))
     assert packed["recipe"] == "nvfp4" and fp8["recipe"] == "fp8" and fp8["kv"] == "fp8"
+    # the sidecar says how the cache was quantized: 4/6 block scales are the NVFP4 cache's only
+    assert plain["kv_quant"] is None
+    assert packed["kv_quant"] == {"smooth_keys": True, "four_over_six": "mse", "format": "nvfp4"}
+    assert fp8["kv_quant"] == {"smooth_keys": True, "four_over_six": None, "format": "fp8"}
     assert packed["frames"] == fp8["frames"] == plain["frames"]
     # float32 activations on the CPU: 4 bytes an element against NVFP4's 0.5 + 1/16 and FP8's 1 + 4/32
     assert plain["kv_bytes_per_token"] / packed["kv_bytes_per_token"] > 7

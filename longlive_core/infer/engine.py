@@ -41,7 +41,7 @@ class GenerateConfig:
     shot_sink: int | None = None  # S_s: the current shot's first latent frames; null: the folder's
     kv: str = "bf16"  # bf16 (as computed) | nvfp4 | fp8
     kv_smooth_keys: bool = True  # a quantized cache's keys stored minus a per-layer, per-head mean
-    kv_four_over_six: str | None = None  # null | mse | mae: the NVFP4 cache's 4/6 block scale choice rule
+    kv_four_over_six: str | None = None  # null | mse | mae: the NVFP4 cache's 4/6 block scale choice rule (nvfp4 only)
     attention: str = "sdpa"  # the cached self-attention: sdpa (bf16) | fp8 (cuDNN's FP8 SDPA: Hopper or newer)
     precision: str = "auto"  # auto: the folder's own (bf16: longlive-dit, nvfp4: longlive-w4a4) | bf16 | nvfp4 | fp8
     default_duration_s: float = 5.0  # a prompt line without a duration
@@ -88,10 +88,16 @@ class GenerateConfig:
         if self.enhance_examples < 0 or self.enhance_max_new_tokens < 1:
             raise ConfigError(f"{where}: enhance_examples must be >= 0 and enhance_max_new_tokens >= 1")
 
+    def kv_quant(self) -> KVQuantConfig | None:
+        """How ``kv``'s format quantizes the cache (None: bf16); ``kv_four_over_six`` is the NVFP4 cache's only,
+        so another format's record says it was not used."""
+        if self.kv == "bf16":
+            return None
+        return KVQuantConfig(self.kv_smooth_keys, self.kv_four_over_six if self.kv == "nvfp4" else None, self.kv)
+
     def cache(self, model: WanDiT, tokens_per_frame: int, sampling: RolloutConfig) -> KVCache:
         """The KV cache of a run sampled as ``sampling`` (``infer/sampling.run_sampling``), in ``kv``'s format."""
-        quant = None if self.kv == "bf16" else KVQuantConfig(self.kv_smooth_keys, self.kv_four_over_six, self.kv)
-        return KVCache(len(model.blocks), tokens_per_frame, sampling.window, quant,
+        return KVCache(len(model.blocks), tokens_per_frame, sampling.window, self.kv_quant(),
                        SinkConfig(sampling.global_sink, sampling.shot_sink), self.attention)
 
 
