@@ -8,7 +8,8 @@
 #   bash bench/tools/generate_round.sh make profile          # ~5 min: each KV format's kernels over a 5-chunk video
 #   bash bench/tools/generate_round.sh make fp8_attention    # ~6 min: cuDNN FP8 attention in generate, BF16 and FP8 linears
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
-#   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption
+#   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption   # gpu_tests ~1.5 min
+#   bash bench/tools/generate_round.sh gpu_quant_tests       # ~4.5 min: the quantize kernels against torch, every variant
 #   bash bench/tools/generate_round.sh fp8_layers            # ~2 min: cuDNN FP8 attention's error layer by layer,
 #                                                           # then layer 1's accumulator modelled on the CPU
 #   bash bench/tools/generate_round.sh dmd                   # ~6 min: distill_dmd's budget plans against full and none
@@ -62,7 +63,7 @@ for part in "$@"; do case $part in
     train) run train python3 bench/train_step.py --blocks 8 --frames 32 --recipes bf16 --compile 1 --steps 2 \
                --ac budget:47 compiler:0.2 budget:65 compiler:0.5 full --out "$out" ;;
     train_nvfp4) run train_nvfp4 python3 bench/train_step.py --blocks 8 --frames 32 --recipes nvfp4 --compile 1 \
-               --steps 2 --ac budget:47 compiler:0.2 full --out "$out" ;;
+               --steps 2 --ac budget:47 budget:43.2 compiler:0.2 full --out "$out" ;;  # 43.2: the knob's step peak
     train16) run train16 python3 bench/train_step.py --blocks 16 --frames 32 --recipes bf16 --compile 1 --steps 2 \
                --ac budget:120 compiler:0.3 full --out "$out" ;;
     memory) for config in nvfp4/full nvfp4/budget:47; do  # what each step's peak holds, line by line (full kept 22 GiB
@@ -72,7 +73,10 @@ for part in "$@"; do case $part in
                     --compile 1 --steps 1 --ac $ac --memory-peak --out "$out"; done ;;
     gpu_tests) run gpu_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_ac_budget.py \
                tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_cudnn_fp8.py tests/test_infer_attention_fp8_io.py \
-               tests/test_quant_triton.py tests/test_train_parallelize.py -k "gpu or compiled or cuda or under_compile" --durations=10 ;;
+               tests/test_quant_triton.py tests/test_train_parallelize.py --durations=10 \
+               -k "(gpu or compiled or cuda or under_compile) and not test_triton_matches_torch_on_the_gpu" ;;
+    gpu_quant_tests) run gpu_quant_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_quant_triton.py \
+                     -k test_triton_matches_torch_on_the_gpu ;;  # ~4.5 min on the H200: every quantize variant compiled
     dmd) for ac in none full budget:30 budget:47 budget:65; do  # distill_dmd's planner against full and none, NVFP4 + LoRA
              run "dmd_${ac/:/}" python3 bench/dmd_step.py --blocks 8 --frames 32 --modes nvfp4-lora --steps 2 --ac "$ac" \
                  --out "$out/dmd_${ac/:/}"; done ;;
