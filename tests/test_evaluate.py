@@ -73,7 +73,10 @@ def test_shot_switch_scores_cuts_in_the_asked_place_and_penalises_missing_and_un
 
 
 SETTINGS = {"suite": "s", "seed": 0, "steps": [1000, 0], "kv": "bf16", "window": 6, "global_sink": 2,
-            "shot_sink": 2, "prompt_enhancement": None, "fvd_reference": None}
+            "shot_sink": 2, "recipe": "bf16", "kv_quant": None, "attention": "sdpa", "vae_dtype": "float32",
+            "prompt_enhancement": None, "fvd_reference": None}
+# what a CPU run of the tiny AR folder records beside its sampling (its sidecar's)
+RAN_ON_CPU = {"recipe": "bf16", "kv_quant": None, "attention": "sdpa", "vae_dtype": "float32"}
 
 
 def rules(**changes) -> VerdictRules:
@@ -174,6 +177,18 @@ def test_scores_made_under_other_settings_are_not_compared_unless_the_champion_i
     theirs = RegistryRead(Champion("m v1", {"temporal_flickering": 0.5}, {**SETTINGS, "steps": [1000, 500, 0]}))
     judged = verdict({"temporal_flickering": 0.9, "motion": 1.0}, SETTINGS, theirs, rules())
     assert not judged["passed"] and "other settings (steps)" in judged["reasons"][-1]
+    # the cache's quantization and the attention kernel change the frames: scores under others are not compared
+    nvfp4 = {**SETTINGS, "kv": "nvfp4", "kv_quant": {"smooth_keys": True, "four_over_six": None, "format": "nvfp4"}}
+    four_over_six = RegistryRead(Champion("m v1", {"temporal_flickering": 0.5},
+                                          {**nvfp4, "kv_quant": {**nvfp4["kv_quant"], "four_over_six": "mse"}}))
+    judged = verdict({"temporal_flickering": 0.9, "motion": 1.0}, nvfp4, four_over_six, rules())
+    assert not judged["passed"] and "other settings (kv_quant)" in judged["reasons"][-1]
+    fp8 = RegistryRead(Champion("m v1", {"temporal_flickering": 0.5}, {**SETTINGS, "attention": "fp8"}))
+    assert "other settings (attention)" in verdict({"temporal_flickering": 0.9, "motion": 1.0}, SETTINGS, fp8,
+                                                   rules())["reasons"][-1]
+    before = {k: v for k, v in nvfp4.items() if k not in ("recipe", "kv_quant", "attention", "vae_dtype")}
+    assert needs_rescoring({"temporal_flickering": 0.9}, nvfp4, Champion("m v1", {"temporal_flickering": 0.5}, before),
+                           rules())  # recorded before these settings were
     old = RegistryRead(Champion("m v1", {"temporal_flickering": 0.5}, None))  # recorded before settings were
     assert not verdict({"temporal_flickering": 0.9, "motion": 1.0}, SETTINGS, old, rules())["passed"]
     assert needs_rescoring({"temporal_flickering": 0.9}, SETTINGS, old.champion, rules())
@@ -238,7 +253,8 @@ def test_a_champion_scored_under_other_settings_is_fetched_and_scored_again_unde
     cfg = EvaluateConfig(suite={"one": "0.4\ta red kite\n"}, rescore_champion=True, min_motion=0.0)
     generate = GenerateConfig(device="cpu", default_duration_s=0.4)  # the champion's folder would sample otherwise
     p = stage.Prepared(cfg, generate, ShotsConfig())
-    ran = {"steps": [1000, 946, 854, 681, 0], "window": 6, "global_sink": 2, "shot_sink": 2}  # the candidate's
+    # the candidate's
+    ran = {"steps": [1000, 946, 854, 681, 0], "window": 6, "global_sink": 2, "shot_sink": 2, **RAN_ON_CPU}
     settings = suite_settings(cfg, generate, ran, None)
     tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "art"))
     with StageRun(tracking, "package", repo_root=tmp_path) as run:  # the champion, as package registered it
@@ -264,7 +280,7 @@ def test_prompt_enhancement_is_part_of_the_settings_a_verdict_compares():
     from longlive_core.infer.enhance import template_digest
 
     cfg = EvaluateConfig(suite={"one": "0.4\ta red kite\n"})
-    ran = {"steps": [1000, 0], "window": 6, "global_sink": 2, "shot_sink": 2}
+    ran = {"steps": [1000, 0], "window": 6, "global_sink": 2, "shot_sink": 2, **RAN_ON_CPU}
     plain = suite_settings(cfg, GenerateConfig(), ran, None)
     enhanced = suite_settings(cfg, GenerateConfig(enhance=True, enhance_examples=2), ran, None)
     assert plain["prompt_enhancement"] is None

@@ -35,12 +35,20 @@ class SuiteRun:
     on_video: Callable[[str, Path, Path, dict], None] | None = None  # (name, mp4, sheet, its scores)
 
 
+RAN = ("steps", "window", "global_sink", "shot_sink", "recipe", "kv_quant", "attention", "vae_dtype")  # a sidecar's
+
+
 def suite_settings(cfg: EvaluateConfig, generate: GenerateConfig, ran: dict, fvd_reference: str | None) -> dict:
     """What a score depends on besides the weights: two models are compared only on equal settings.
-    ``ran``: a video's sidecar (the step list, window and sinks it ran, the folder's or the params')."""
+    ``ran``: a video's sidecar (the step list, window and sinks it ran, the folder's or the params'; the
+    weights' precision and the decoder's dtype as resolved on its device; the cache's quantization and
+    the attention kernel, whose numbers differ from the defaults')."""
     return {"suite": digest_json(cfg.suite)[:16], "seed": cfg.seed, "steps": list(ran["steps"]), "kv": generate.kv,
             "window": ran["window"], "global_sink": ran["global_sink"], "shot_sink": ran["shot_sink"],
+            "recipe": ran["recipe"], "kv_quant": ran["kv_quant"], "attention": ran["attention"],
+            "vae_dtype": ran["vae_dtype"],
             "prompt_enhancement": enhancement_settings(generate), "fvd_reference": fvd_reference}
+
 
 
 def enhancement_settings(generate: GenerateConfig) -> dict | None:
@@ -145,7 +153,7 @@ def evaluate_suite(model_dir: Path, cfg: EvaluateConfig, generate: GenerateConfi
             write_bytes(text.encode("utf-8"), prompts)
             video, sheet = out.videos / f"{name}.mp4", out.sheets / f"{name}.png"
             side = generator.generate(prompts, video, cfg.steps)
-            ran = {k: side[k] for k in ("steps", "window", "global_sink", "shot_sink")}  # the same for every video
+            ran = {k: side[k] for k in RAN}  # the same for every video
             videos[name] = v = score_video(video, side, cfg, shots, sheet, weighted, fvd)
             log.info("%s: %d frames, flickering %.4f, consistency %.4f, motion %.3f px/frame, shot switches %d/%d "
                      "asked (%d unasked)", name, side["frames"], v["temporal_flickering"], v["within_shot_consistency"],
