@@ -36,6 +36,13 @@ N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the
 
 FLOPs: 4 H M N D (Q K^T and P V). The error is ||out - ref|| / ||ref|| over two heads, ref = float32
 attention over the inputs the kernel reads (the dequantized cache for the NVFP4 and FP8 rows).
+
+A second table times each cache's read of K and V alone, without SDPA (``bf16 cache read``: the chunk's
+own rows copied into the buffer's room; ``nvfp4 window`` / ``fp8 window``: ``kv_attention.window``),
+as launched (``do_bench``) and replayed from a CUDA graph (``do_bench_cudagraph``: device time without
+the host's launches), with the bytes each must move (codes, scales and the chunk's own rows read, the
+window written) and the rate that gives: a read well under HBM speed in both timings is the kernel's,
+one that the graph speeds up is launch gaps.
 """
 from __future__ import annotations
 
@@ -165,10 +172,47 @@ def main() -> None:
         rel = f"{base / ms:.2f}x" if base else ""
         print(f"| {name} | {ms:.3f} | {row['tflops']:.0f} | {rel} | {err:.4f} | {extra:.2f} |", flush=True)
         assert math.isfinite(err)
+    results += time_reads(args, rows_of_reads(k, v, mean, room_k, room_v, qk, qv, fk, fv, m, n))
     if args.json:
         with open(args.json, "a") as fh:
             for row in results:
                 fh.write(json.dumps(row) + "\n")
+
+
+def rows_of_reads(k, v, mean, room_k, room_v, qk, qv, fk, fv, m: int, n: int) -> dict:
+    """Each cache's read of one layer's K and V for the chunk, and the bytes it must move: the chunk's own
+    rows read, the cached codes and scales read, the window written (bf16: only the own rows are written)."""
+    from longlive_core.infer.kv_attention import window
+
+    row = HEADS * DIM * 2  # a token's bf16 keys (or values), every head
+    cached = n - m
+    return {
+        "bf16 cache read": (lambda: (room_k.with_own(k), room_v.with_own(v)), 2 * (2 * m * row)),
+        "nvfp4 window": (lambda: (window(qk, k, mean), window(qv, v)),
+                         2 * (m * row + cached * HEADS * (DIM // 2 + DIM // 16) + n * row)),
+        "fp8 window": (lambda: (window(fk, k, mean), window(fv, v)),
+                       2 * (m * row + cached * HEADS * (DIM + 4) + n * row)),
+    }
+
+
+def time_reads(args, reads: dict) -> list[dict]:
+    import triton.testing
+
+    print("\n| read of K and V | ms | ms graphed | GB moved | TB/s | TB/s graphed |")
+    print("|---|---:|---:|---:|---:|---:|")
+    out = []
+    for name, (fn, nbytes) in reads.items():
+        if args.tiny:
+            start = time.perf_counter()
+            fn()
+            ms = graphed = (time.perf_counter() - start) * 1e3
+        else:
+            ms = triton.testing.do_bench(fn, warmup=25, rep=args.repeat, return_mode="median")
+            graphed = triton.testing.do_bench_cudagraph(fn, rep=args.repeat, return_mode="median")
+        out.append({"read": name, "ms": ms, "ms_graphed": graphed, "bytes": nbytes})
+        print(f"| {name} | {ms:.3f} | {graphed:.3f} | {nbytes / 1e9:.3f} | {nbytes / ms / 1e9:.2f} | "
+              f"{nbytes / graphed / 1e9:.2f} |", flush=True)
+    return out
 
 
 if __name__ == "__main__":
