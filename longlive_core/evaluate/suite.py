@@ -43,12 +43,9 @@ def suite_settings(cfg: EvaluateConfig, generate: GenerateConfig, ran: dict, fvd
     ``ran``: a video's sidecar (the step list, window and sinks it ran, the folder's or the params'; the
     weights' precision and the decoder's dtype as resolved on its device; the cache's quantization and
     the attention kernel, whose numbers differ from the defaults')."""
-    return {"suite": digest_json(cfg.suite)[:16], "seed": cfg.seed, "steps": list(ran["steps"]), "kv": generate.kv,
-            "window": ran["window"], "global_sink": ran["global_sink"], "shot_sink": ran["shot_sink"],
-            "recipe": ran["recipe"], "kv_quant": ran["kv_quant"], "attention": ran["attention"],
-            "vae_dtype": ran["vae_dtype"],
-            "prompt_enhancement": enhancement_settings(generate), "fvd_reference": fvd_reference}
-
+    return {"suite": digest_json(cfg.suite)[:16], "seed": cfg.seed, "kv": generate.kv, **{k: ran[k] for k in RAN},
+            "steps": list(ran["steps"]), "prompt_enhancement": enhancement_settings(generate),
+            "fvd_reference": fvd_reference}
 
 
 def enhancement_settings(generate: GenerateConfig) -> dict | None:

@@ -276,7 +276,7 @@ class Generator:
                       for s in plan],
             "seed": cfg.seed, "steps": list(sampling.steps), "model": str(self.model_dir),
             "model_format": config.format, "recipe": self.recipe, "kv": cfg.kv, "attention": cfg.attention,
-            "kv_quant": None if cfg.kv_quant() is None else dataclasses.asdict(cfg.kv_quant()),
+            "kv_quant": None if (quant := cfg.kv_quant()) is None else dataclasses.asdict(quant),
             "decode": cfg.decode,
             "device": str(device), "sp": shard.size, "vae_device": str(decoder.device),
             "vae_dtype": str(decoder.dtype).removeprefix("torch."), "vae_compile": cfg.vae_compile,
