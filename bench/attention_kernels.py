@@ -182,14 +182,19 @@ def main() -> None:
 def rows_of_reads(k, v, mean, room_k, room_v, qk, qv, fk, fv, m: int, n: int) -> dict:
     """Each cache's read of one layer's K and V for the chunk, and the bytes it must move: the chunk's own
     rows read, the cached codes and scales read, the window written (bf16: only the own rows are written)."""
-    from longlive_core.infer.kv_attention import window
+    from longlive_core.infer.kv_attention import dequantized_window, window
 
     row = HEADS * DIM * 2  # a token's bf16 keys (or values), every head
     cached = n - m
-    return {
+    nvfp4_bytes = 2 * (m * row + cached * HEADS * (DIM // 2 + DIM // 16) + n * row)
+    reads = {
         "bf16 cache read": (lambda: (room_k.with_own(k), room_v.with_own(v)), 2 * (2 * m * row)),
-        "nvfp4 window": (lambda: (window(qk, k, mean), window(qv, v)),
-                         2 * (m * row + cached * HEADS * (DIM // 2 + DIM // 16) + n * row)),
+        "nvfp4 window": (lambda: (window(qk, k, mean), window(qv, v)), nvfp4_bytes),
+    }
+    for tokens in (128, 256):  # the product's launches take 64 tokens a program: larger tiles, fewer programs
+        reads[f"nvfp4 window, {tokens} tokens a program"] = (
+            lambda t=tokens: (dequantized_window(qk, k, t, mean), dequantized_window(qv, v, t)), nvfp4_bytes)
+    return reads | {
         "fp8 window": (lambda: (window(fk, k, mean), window(fv, v)),
                        2 * (m * row + cached * HEADS * (DIM + 4) + n * row)),
     }
