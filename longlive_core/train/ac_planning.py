@@ -301,21 +301,24 @@ def fastest_entry(entry: dict, below: list[tuple[float, dict]], counts: Mapping[
     plans_of = lambda e: {k: ACPlan.from_json(p) for k, p in e["plans"].items()}  # noqa: E731
     timed = "measured_s" in entry
 
-    def rank(e: dict) -> tuple | None:
-        plans = plans_of(e)
+    def rank(e: dict, plans: dict[str, ACPlan]) -> tuple | None:
         price = priced_ns(profiles, counts, plans, shares)
         if price is None or (timed and "measured_s" not in e):
             return None
         return (e["measured_s"] if timed else price), e["kept"]
 
-    def keeps(e: dict) -> tuple:  # what a step keeps with ``e``: each kind's saved set, its unchecked blocks
-        return {k: p.saved for k, p in plans_of(e).items()}, e.get("unchecked", {})
+    def keeps(e: dict, plans: dict[str, ACPlan]) -> tuple:  # each kind's saved set, its unchecked blocks
+        return {k: p.saved for k, p in plans.items()}, e.get("unchecked", {})
 
-    best, best_rank = entry, rank(entry)
+    own = plans_of(entry)
+    best, best_rank, own_keeps = entry, rank(entry, own), keeps(entry, own)
     for limit, other in below:
-        if other["predicted_peak"] > target or keeps(other) == keeps(entry):
+        if other["predicted_peak"] > target:
             continue
-        r = rank(other)
+        plans = plans_of(other)
+        if keeps(other, plans) == own_keeps:
+            continue
+        r = rank(other, plans)
         if r is None:
             continue
         faster = r[0] < best_rank[0] * (1 - MEASURED_TIE) if timed else r < best_rank
