@@ -5,6 +5,7 @@
 # kept in the exit status and the next part still runs.
 #   bash bench/tools/generate_round.sh make bf16 fp8 w4a4      # ~8 min: full-size folders, then generate's rows
 #   bash bench/tools/generate_round.sh make kernels vae sp
+#   bash bench/tools/generate_round.sh attention            # ~2 min: bench/attention_kernels.py alone (kernels: its tests first)
 #   bash bench/tools/generate_round.sh make profile          # ~5 min: each KV format's kernels over a 5-chunk video
 #   bash bench/tools/generate_round.sh make fp8_attention    # ~6 min: cuDNN FP8 attention in generate, BF16 and FP8 linears
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
@@ -51,6 +52,7 @@ for part in "$@"; do case $part in
         run kernel_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_fp8_io.py \
             tests/test_infer_attention_cudnn_fp8.py
         run attention python3 bench/attention_kernels.py --json "$out/attention.jsonl" ;;
+    attention) run attention python3 bench/attention_kernels.py --json "$out/attention.jsonl" ;;  # kernels' bench alone
     fp8_layers) run fp8_layers python3 bench/fp8_attention_layers.py --json "$out/fp8_layers.jsonl" \
                     --dump /tmp/fp8_layer1.safetensors --dump-layer 1
                 run fp8_accumulation python3 bench/fp8_accumulation.py /tmp/fp8_layer1.safetensors ;;
