@@ -84,16 +84,37 @@ def same_window_as_torch(kernel, chunks: list, own: torch.Tensor, block_n: int) 
                for x in (own, strided) for shift in (None, mean))
 
 
+def every_code_and_scale(heads: int, dim: int, device: str, encode_scale: float = 0.3):
+    """A chunk whose blocks hold all 16 codes each, under every finite non-negative E4M3 scale (subnormal
+    ones and zero among them), over an S_enc that makes the quotients round."""
+    from longlive_core.infer.kv_quant import QuantizedChunk
+
+    blocks = dim // 16
+    tokens = -(-127 // (heads * blocks))
+    scales = (torch.arange(heads * tokens * blocks) % 127).to(torch.uint8)  # 0x7f is NaN
+    block = torch.tensor([0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE], dtype=torch.uint8)  # codes 0..15
+    codes = block.repeat(heads * tokens * blocks)
+    return QuantizedChunk(codes.view(1, heads, tokens, dim // 2).to(device),
+                          scales.view(torch.float8_e4m3fn).view(1, heads, tokens, blocks).to(device),
+                          torch.tensor(encode_scale, device=device))
+
+
 def window_matches(device: str, heads: int = 2, dim: int = 32, tokens: tuple[int, ...] = (24, 40, 7), own: int = 9,
                    block_n: int = 16) -> bool:
     """``dequantized_window`` against the torch path: chunks of different ranges (global scales),
-    with and without Four-Over-Six scales, lengths that are no multiple of the block."""
+    with and without Four-Over-Six scales, lengths that are no multiple of the block; channels spread
+    over four decades and tokens of zeros (block scales of zero); and every code under every scale
+    (``every_code_and_scale``)."""
     from longlive_core.infer.kv_attention import dequantized_window
     from longlive_core.infer.kv_quant import QuantizedChunk
 
     g = torch.Generator().manual_seed(0)
-    chunks = [QuantizedChunk.of((torch.randn(1, heads, t, dim, generator=g) * (1 + 3 * i)).to(device, torch.bfloat16),
-                                "mse" if i % 2 else None) for i, t in enumerate(tokens)]
+    spread = torch.logspace(0, -4, dim)
+    drawn = [torch.randn(1, heads, t, dim, generator=g) * (1 + 3 * i) * (spread if i % 2 else 1.0)
+             for i, t in enumerate(tokens)]
+    drawn[0][:, :, :3] = 0.0
+    chunks = [QuantizedChunk.of(x.to(device, torch.bfloat16), "mse" if i % 2 else None) for i, x in enumerate(drawn)]
+    chunks.append(every_code_and_scale(heads, dim, device))
     mine = torch.randn(1, heads, own, dim, generator=g).to(device, torch.bfloat16)
     return same_window_as_torch(dequantized_window, chunks, mine, block_n)
 
