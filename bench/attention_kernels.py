@@ -42,7 +42,8 @@ own rows copied into the buffer's room; ``nvfp4 window`` / ``fp8 window``: ``kv_
 as launched (``do_bench``) and replayed from a CUDA graph (``do_bench_cudagraph``: device time without
 the host's launches), with the bytes each must move (codes, scales and the chunk's own rows read, the
 window written) and the rate that gives: a read well under HBM speed in both timings is the kernel's,
-one that the graph speeds up is launch gaps.
+one that the graph speeds up is launch gaps. A third table times the FFN's first matmul alone, then
+with the NVFP4 window's read after it on one stream and beside it on a second.
 """
 from __future__ import annotations
 
@@ -173,6 +174,8 @@ def main() -> None:
         print(f"| {name} | {ms:.3f} | {row['tflops']:.0f} | {rel} | {err:.4f} | {extra:.2f} |", flush=True)
         assert math.isfinite(err)
     results += time_reads(args, rows_of_reads(k, v, mean, room_k, room_v, qk, qv, fk, fv, m, n))
+    if not args.tiny:
+        results += time_overlap(args, lambda: (window(qk, k, mean), window(qv, v)), m)
     if args.json:
         with open(args.json, "a") as fh:
             for row in results:
@@ -217,6 +220,39 @@ def time_reads(args, reads: dict) -> list[dict]:
         out.append({"read": name, "ms": ms, "ms_graphed": graphed, "bytes": nbytes})
         print(f"| {name} | {ms:.3f} | {graphed:.3f} | {nbytes / 1e9:.3f} | {nbytes / ms / 1e9:.2f} | "
               f"{nbytes / graphed / 1e9:.2f} |", flush=True)
+    return out
+
+
+def time_overlap(args, read, m: int) -> list[dict]:
+    """Whether the NVFP4 window's read hides behind the block's compute-bound work: the FFN's first
+    matmul of the chunk (m x 3072 by 3072 x 14336, bf16) alone, then followed by the read on the one
+    stream, then beside it on a second stream (what reading the next layer's cached window ahead
+    would overlap)."""
+    import triton.testing
+
+    x = torch.randn(m, 3072, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(3072, 14336, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+
+    def beside():
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            ks, vs = read()
+        x @ w
+        main.wait_stream(side)
+        ks.record_stream(main)
+        vs.record_stream(main)
+
+    rows = {"ffn matmul": lambda: x @ w, "ffn matmul, then the window": lambda: (x @ w, read()),
+            "ffn matmul beside the window (two streams)": beside}
+    print("\n| overlap | ms |")
+    print("|---|---:|")
+    out = []
+    for name, fn in rows.items():
+        ms = triton.testing.do_bench(fn, warmup=25, rep=args.repeat, return_mode="median")
+        out.append({"overlap": name, "ms": ms})
+        print(f"| {name} | {ms:.3f} |", flush=True)
     return out
 
 
