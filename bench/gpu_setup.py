@@ -37,7 +37,11 @@ def one_rank_group() -> None:
 def print_kernels(prof, top: int = 12, shares: dict[str, tuple[str, ...]] | None = None) -> None:
     """``prof`` (a finished torch.profiler run)'s kernels by device time, the ``top`` longest, and the
     share of device time of the kernels whose names hold any of each group's words (case ignored)."""
-    kernels = [e for e in prof.key_averages() if e.device_time_total > 0 and not e.key.startswith("aten::")]
+    from torch.autograd import DeviceType
+
+    # the kernels themselves: a CPU-side event (an op, a compiled region, a launch call, "Command Buffer Full")
+    # carries the device time of the kernels under it, which would count them again
+    kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.device_time_total > 0]
     total = sum(e.device_time_total for e in kernels) or 1
     parts = [f"{name} {sum(e.device_time_total for e in kernels if any(w in e.key.lower() for w in words)) / total:.0%}"
              for name, words in (shares or {}).items()]
