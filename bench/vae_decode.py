@@ -3,7 +3,7 @@ time, the causal feature cache kept across chunks), its variants side by side in
 float32 decode of the same latents.
 
     python bench/vae_decode.py [--chunks 6] [--variants bf16,bf16-cl,bf16-compile,bf16-compile-cl]
-    python bench/vae_decode.py --chunks 4 --variants bf16-compile-cl,bf16-compile-cl-f8,bf16-compile-cl-bm
+    python bench/vae_decode.py --chunks 4 --variants bf16-compile-cl,bf16-compile-cl-f2,bf16-compile-cl-bm
     python bench/vae_decode.py --content demo [--variants ...]   # latents of a demo shot, not noise
     python bench/vae_decode.py --tiny --device cpu --chunks 3 --variants bf16,bf16-cl   # the code path, anywhere
     python bench/vae_decode.py --variants bf16-compile-cl --profile     # where a steady chunk's GPU time goes
@@ -15,9 +15,10 @@ Per variant: FPS, TFLOP/s against the dense BF16 peak (FlopCounterMode over one 
 against float32's frames the PSNR and the largest difference in 8-bit levels, and the timed shot's
 peak memory. Variants: ``fp32``, ``bf16`` (the product's default on a GPU), ``-cl`` channels-last
 weights and input, ``-compile`` each decoder call compiled with fixed shapes, ``-fN`` N latent frames
-per decoder call after a shot's first (``ShotDecoder(frames_per_call=N)``; the product's is 1), ``-bm``
-cuDNN's autotuner on for the convolutions (``torch.backends.cudnn.benchmark``, which the product
-leaves off: compiled and channels-last, it gained nothing on an H100, bench/RESULTS.md).
+per decoder call after a shot's first (``ShotDecoder(frames_per_call=N)``; the product's is 1; 8 ran
+out of an H100's 80 GB), ``-bm`` cuDNN's autotuner on for the convolutions
+(``torch.backends.cudnn.benchmark``, which the product leaves off: compiled and channels-last, it
+gained nothing on an H100, bench/RESULTS.md).
 """
 from __future__ import annotations
 
