@@ -80,7 +80,8 @@ def same_window_as_torch(kernel, chunks: list, own: torch.Tensor, block_n: int) 
     past = [c.dequantize(torch.bfloat16) for c in chunks]
     mean = own.float().mean(dim=(0, 2), keepdim=True) + 0.37  # (1, H, 1, D): each chunk's keys less it
     strided = own.transpose(1, 2).contiguous().transpose(1, 2)
-    return all(torch.equal(kernel(chunks, x, block_n, shift), torch.cat(past + [smoothed(x, shift)], dim=2))
+    return all(torch.equal(kernel(chunks, x, block_n, shift).view(torch.int16),  # bits: -0.0 is not +0.0
+                           torch.cat(past + [smoothed(x, shift)], dim=2).view(torch.int16))
                for x in (own, strided) for shift in (None, mean))
 
 

@@ -18,8 +18,8 @@ reads through is ``window``: the dequantized window written in one pass, by one 
 (``dequantized_window`` for NVFP4 chunks, ``dequantized_fp8_window`` for FP8's), the same bits as
 the torch path, then SDPA. Those launches are bound by their instructions more than by their bytes:
 the NVFP4 one divides twice a block of 16 rather than once an element (``_e2m1_quotient``), which
-made its read 2.16x faster and read then SDPA as fast as the BF16 cache's in-place read on an H100
-(bench/RESULTS.md).
+made its read 2.16x faster on an H100, read then SDPA there as fast as the BF16 cache's in-place read
+in one run (bench/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -88,11 +88,12 @@ if triton is not None:
         return tl.where((b & 128) != 0, -mag, mag)
 
     @triton.jit
-    def _e4m3_converted(b):
-        """``_e4m3`` by the GPU's convert (6 SASS instructions an element in the FP8 window kernel, 21
-        by the bits' arithmetic); under the CPU interpreter, which has no FP8 casts, ``_e4m3``. (The NVFP4
-        kernel decodes a scale a block of 16 and keeps ``_e4m3``: there the convert measured no fewer.)"""
-        if _HW_ROUND:  # noqa: SIM108 - a statement: Triton 3.6 rejects two returns of other types
+    def _e4m3_converted(b, CONVERT: tl.constexpr):
+        """``_e4m3`` by the GPU's convert where ``CONVERT`` (6 SASS instructions an element in the FP8
+        window kernel for sm_90, 21 by the bits' arithmetic), else ``_e4m3``: Triton has FP8 types from
+        sm_89 only, and the CPU interpreter none. (The NVFP4 kernel decodes a scale a block of 16 and
+        keeps ``_e4m3``: there the convert measured no fewer.)"""
+        if CONVERT:  # noqa: SIM108 - a statement: Triton 3.6 rejects two returns of other types
             out = b.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
         else:
             out = _e4m3(b)
@@ -168,7 +169,8 @@ if triton is not None:
                  mask=valid[:, None])
 
     @triton.jit
-    def _dequantize_fp8_rows(C, S, Out, N, row0, out_tokens, D: tl.constexpr, BN: tl.constexpr):
+    def _dequantize_fp8_rows(C, S, Out, N, row0, out_tokens, D: tl.constexpr, BN: tl.constexpr,
+                             CONVERT: tl.constexpr):
         """BN tokens of one batch-head's E4M3 code bytes C (BH, N, D) times their float32 scales S (BH, N),
         into rows [row0, row0 + N) of Out (BH, out_tokens, D): the product in float32, rounded once to
         bfloat16, as ``FP8Chunk.dequantize`` computes it: the same bits."""
@@ -177,7 +179,7 @@ if triton is not None:
         valid = offs_n < N
         offs_d = tl.arange(0, D)
         c = _e4m3_converted(tl.load(C + bh * N * D + offs_n[:, None] * D + offs_d[None, :], mask=valid[:, None],
-                                    other=0).to(tl.int32))
+                                    other=0).to(tl.int32), CONVERT)
         x = c * tl.load(S + bh * N + offs_n, mask=valid, other=0.0)[:, None]
         tl.store(Out + bh * out_tokens * D + (row0 + offs_n[:, None]) * D + offs_d[None, :], _bf16(x),
                  mask=valid[:, None])
@@ -294,12 +296,13 @@ def dequantized_fp8_window(chunks: list[FP8Chunk], own: torch.Tensor, block_n: i
         raise ValueError(f"a bfloat16 window whose head dimension is a power of two; got {own.dtype}, {d}")
     n = sum(c.tokens for c in chunks)
     out = torch.empty((b, h, n + m, d), dtype=torch.bfloat16, device=own.device)
+    convert = own.is_cuda and torch.cuda.get_device_capability(own.device) >= (8, 9)  # FP8 types in Triton
     row = 0
     for c in chunks:
         if c.tokens:
             codes, scales = c.codes.contiguous().view(torch.uint8), c.scales.contiguous()
             _dequantize_fp8_rows[(triton.cdiv(c.tokens, block_n), b * h)](codes, scales, out, c.tokens, row, n + m,
-                                                                          D=d, BN=block_n)
+                                                                          D=d, BN=block_n, CONVERT=convert)
         row += c.tokens
     _place_own(out, own, shift, block_n)
     return out
@@ -308,8 +311,8 @@ def dequantized_fp8_window(chunks: list[FP8Chunk], own: torch.Tensor, block_n: i
 def window(chunks: list, own: torch.Tensor, shift: torch.Tensor | None = None) -> torch.Tensor:
     """[the cached chunks, dequantized to ``own``'s dtype; ``own`` less the K-smoothing mean ``shift`` where
     given (``smoothed``)] along the tokens: NVFP4 chunks on a GPU
-    through ``dequantized_window`` (read then SDPA as fast as the BF16 cache's in-place read on an H100,
-    where the torch passes are 1.5x slower: bench/RESULTS.md), FP8 chunks through
+    through ``dequantized_window`` (read then SDPA 1.5x faster than by torch's passes on an H100, and in
+    that run as fast as the BF16 cache's in-place read: bench/RESULTS.md), FP8 chunks through
     ``dequantized_fp8_window``, anything else through torch; the same bits either way."""
     d = own.shape[-1]
     if chunks and own.is_cuda and own.dtype == torch.bfloat16 and available() and d & (d - 1) == 0:
