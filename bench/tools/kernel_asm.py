@@ -12,7 +12,9 @@ decides (bench/RESULTS.md).
     .venv/bin/python bench/tools/kernel_asm.py [--out DIR]   # also writes the .ttgir/.ptx there
 
 Pointers get 16-byte divisibility hints as the runtime gives them for fresh tensors; without them
-the PTX would be misleadingly slow (scalar loads).
+the PTX would be misleadingly slow (scalar loads). The KV cache's window kernels (infer/kv_attention.py)
+are counted too, their token counts and rows hinted as multiples of 16 as they are at 704x1280
+(7,040 tokens a chunk), and the runtime then specializes them.
 """
 from __future__ import annotations
 
@@ -27,18 +29,19 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from longlive_core.infer import kv_attention as kv
 from longlive_core.quant import triton_kernels as tk
 
 ALIGNED = ("x_ptr", "codes_ptr", "scales_ptr", "part_ptr", "sxm", "M", "K", "spm")
 
 
-def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int):
+def compile_kernel(fn, pointers: dict, constexprs: dict, num_warps: int, aligned: tuple[str, ...] = ALIGNED):
     names = fn.arg_names
     sig = {n: "i32" for n in names}
     sig.update(pointers)
     sig.update({k: "constexpr" for k in constexprs})
     idx = {n: i for i, n in enumerate(names)}
-    attrs = {(idx[n],): [["tt.divisibility", 16]] for n in ALIGNED if n in idx and n not in constexprs}
+    attrs = {(idx[n],): [["tt.divisibility", 16]] for n in aligned if n in idx and n not in constexprs}
     src = ASTSource(fn, sig, {(idx[k],): v for k, v in constexprs.items()}, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"enable_fp_fusion": False, "num_warps": num_warps})
@@ -75,6 +78,15 @@ def cases():
            s["num_warps"], s["BM"] * s["G"] * 16)
 
 
+def window_cases():
+    """The KV cache's window kernels as ``kv_attention.window`` launches them (64 tokens a program, 4 warps)."""
+    rows = ("N", "row0", "out_tokens")
+    yield ("kv window nvfp4", kv._dequantize_rows, {"C": "*i32", "S": "*u8", "E": "*fp32", "Out": "*bf16"},
+           dict(D=128, BN=kv.BLOCK_N), 4, kv.BLOCK_N * 128, ("C", "S", "E", "Out") + rows)
+    yield ("kv window fp8", kv._dequantize_fp8_rows, {"C": "*u8", "S": "*fp32", "Out": "*bf16"},
+           dict(D=128, BN=kv.BLOCK_N, CONVERT=True), 4, kv.BLOCK_N * 128, ("C", "S", "Out") + rows)
+
+
 def sass_main_path(cubin: bytes) -> list[str]:
     """The SASS instructions up to the last EXIT (cuobjdump ships with Triton)."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -82,7 +94,7 @@ def sass_main_path(cubin: bytes) -> list[str]:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    ins = [line.split("*/")[1].strip() for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    ins = [line.split("*/")[1].strip() for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     last_exit = max(i for i, line in enumerate(ins) if "EXIT" in line)
     return ins[:last_exit + 1]
 
@@ -106,8 +118,8 @@ def main() -> None:
     print("| kernel | convert_layouts | PTX instructions | per element | SASS main path | per element | "
           "integer/compare pipe per element | FMA pipe per element | top opcodes |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name, fn, pointers, constexprs, warps, elements in cases():
-        k = compile_kernel(fn, pointers, constexprs, warps)
+    for name, fn, pointers, constexprs, warps, elements, *aligned in (*cases(), *window_cases()):
+        k = compile_kernel(fn, pointers, constexprs, warps, *aligned)
         ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
         instructions = sum(1 for line in ptx.splitlines() if re.match(r"\s+[a-z]", line))
         per_element = instructions * warps * 32 / elements
