@@ -17,7 +17,7 @@ bench/RESULTS.md): every query tile decodes the whole window again on the CUDA c
 reads through is ``window``: the dequantized window written in one pass, by one launch a chunk
 (``dequantized_window`` for NVFP4 chunks, ``dequantized_fp8_window`` for FP8's), the same bits as
 the torch path, then SDPA. Those launches are bound by their instructions more than by their bytes:
-the NVFP4 one divides twice a block of 16 rather than once an element (``_e2m1_quotient``), which
+the NVFP4 one divides twice a block of 16 rather than once an element (``_e2m1_times``), which
 made its read 2.16x faster on an H100, read then SDPA there as fast as the BF16 cache's in-place read
 in one run (bench/RESULTS.md).
 """
@@ -29,6 +29,7 @@ import math
 import torch
 
 from longlive_core.infer.kv_quant import FP8Chunk, QuantizedChunk
+from longlive_core.quant import triton_kernels
 from longlive_core.quant.nvfp4 import BLOCK
 
 try:
@@ -70,14 +71,6 @@ if triton is not None:
         return out
 
     @triton.jit
-    def _e2m1(n):
-        """An E2M1 code (int32, 0..15) as float32: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives."""
-        e = (n >> 1) & 3
-        m = (n & 1).to(tl.float32)
-        mag = tl.where(e == 0, 0.5 * m, (2.0 + m) * (1 << e).to(tl.float32) * 0.25)
-        return tl.where((n & 8) != 0, -mag, mag)
-
-    @triton.jit
     def _e4m3(b):
         """An E4M3 byte (int32, 0..255; the cache's scales hold no NaN) as float32, exactly: the power
         of two is built from its bits, not by exp2."""
@@ -107,21 +100,24 @@ if triton is not None:
         offs_s = tl.arange(0, D // 16)
         c = tl.load(C + offs_n[:, None] * sc_n + offs_h[None, :], mask=valid[:, None], other=0).to(tl.int32)
         s = _e4m3(tl.load(S + offs_n[:, None] * ss_n + offs_s[None, :], mask=valid[:, None], other=0).to(tl.int32))
-        s = s * tl.load(G + offs_n, mask=valid, other=0.0)[:, None]
-        lo = tl.reshape(_e2m1(c & 15), (BN, D // 16, 8)) * s[:, :, None]
-        hi = tl.reshape(_e2m1(c >> 4), (BN, D // 16, 8)) * s[:, :, None]
+        g = tl.load(G + offs_n, mask=valid, other=0.0)[:, None]
+        q0, q1 = (s * g)[:, :, None], (1.5 * s * g)[:, :, None]
+        c = tl.reshape(c, (BN, D // 16, 8))
+        lo = _e2m1_times(c & 15, q0, q1)
+        hi = _e2m1_times(c >> 4, q0, q1)
         return _bf16(tl.reshape(tl.join(lo, hi), (BN, D)))
 
     @triton.jit
-    def _e2m1_quotient(n, q0, q1):
-        """An E2M1 code ``n`` (int32, 0..15) times its block's scale S over S_enc, given q0 = S / S_enc and
-        q1 = 1.5 S / S_enc (float32, each rounded once). A nonzero code's magnitude is 1 or 1.5 times a
-        power of two 2^k (0.5 = 2^-1, 3 = 1.5 x 2^1; 2^k's exponent field is 126 + (n & 6) / 2), and
-        scaling by a power of two commutes with rounding, so 2^k q is the correctly rounded
-        code x S / S_enc (below float32's normal range, 1.2e-38, the product's own rounding could differ
-        in the last bit). The sign is the code's bit 3, set on the result's bits: a few integer
-        operations and one multiply an element, where a division an element took ten instructions and a
-        slow path, and decoding the code to a float a dozen more."""
+    def _e2m1_times(n, q0, q1):
+        """An E2M1 code ``n`` (int32, 0..15: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) times its
+        block's factor F (S / S_enc in the window kernel, S x G in the fused read), given q0 = F and
+        q1 = 1.5 F (float32, each rounded once from the exact value). A nonzero code's magnitude is 1 or
+        1.5 times a power of two 2^k (0.5 = 2^-1, 3 = 1.5 x 2^1; 2^k's exponent field is
+        126 + (n & 6) / 2), and scaling by a power of two commutes with rounding, so 2^k q is code x F
+        rounded once (below float32's normal range, 1.2e-38, the product's own rounding could differ in
+        the last bit). The sign is the code's bit 3, set on the result's bits: a few integer operations
+        and one multiply an element, where a division an element took ten instructions and a slow path,
+        and decoding the code to a float a dozen more."""
         magnitude = n & 7
         q = tl.where(((n & 1) != 0) & (magnitude > 1), q1, q0)
         power = (((n & 6) << 22) + 0x3F000000).to(tl.float32, bitcast=True)
@@ -133,7 +129,7 @@ if triton is not None:
         """BN tokens of one batch-head's codes C (BH, N, D/8 int32 words: eight codes each, element 8w + j in
         nibble j) and scale bytes S (BH, N, D/16) of one chunk, divided by the chunk's S_enc (E, float32)
         as bfloat16, into rows [row0, row0 + N) of Out (BH, out_tokens, D): code x scale / S_enc rounded
-        once in float32 (``_e2m1_quotient``: two divisions a block of 16), then to bfloat16, as torch's
+        once in float32 (``_e2m1_times``: two divisions a block of 16), then to bfloat16, as torch's
         bfloat16 division does (``QuantizedChunk.dequantize``): the same bits."""
         pid, bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
         offs_n = pid * BN + tl.arange(0, BN)
@@ -149,7 +145,7 @@ if triton is not None:
         q1 = tl.div_rn(1.5 * s, enc)[:, :, None, None]  # 1.5 S is exact: S has at most 4 significant bits
         w = tl.reshape(w.to(tl.uint32, bitcast=True), (BN, D // 16, 2, 1))  # a block of 16: two words
         n = ((w >> (tl.arange(0, 8) * 4).to(tl.uint32)[None, None, None, :]) & 15).to(tl.int32, bitcast=True)
-        x = tl.reshape(_e2m1_quotient(n, q0, q1), (BN, D))
+        x = tl.reshape(_e2m1_times(n, q0, q1), (BN, D))
         tl.store(Out + bh * out_tokens * D + (row0 + offs_n[:, None]) * D + tl.arange(0, D)[None, :], _bf16(x),
                  mask=valid[:, None])
 
@@ -296,7 +292,7 @@ def dequantized_fp8_window(chunks: list[FP8Chunk], own: torch.Tensor, block_n: i
         raise ValueError(f"a bfloat16 window whose head dimension is a power of two; got {own.dtype}, {d}")
     n = sum(c.tokens for c in chunks)
     out = torch.empty((b, h, n + m, d), dtype=torch.bfloat16, device=own.device)
-    convert = own.is_cuda and torch.cuda.get_device_capability(own.device) >= (8, 9)  # FP8 types in Triton
+    convert = own.is_cuda and triton_kernels.available()  # Triton's FP8 types (sm_89+)
     row = 0
     for c in chunks:
         if c.tokens:
