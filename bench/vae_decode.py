@@ -16,7 +16,8 @@ against float32's frames the PSNR and the largest difference in 8-bit levels, an
 peak memory. Variants: ``fp32``, ``bf16`` (the product's default on a GPU), ``-cl`` channels-last
 weights and input, ``-compile`` each decoder call compiled with fixed shapes, ``-fN`` N latent frames
 per decoder call after a shot's first (``ShotDecoder(frames_per_call=N)``; the product's is 1; 8 ran
-out of an H100's 80 GB), ``-bm`` cuDNN's autotuner on for the convolutions
+out of an H100's 80 GB), ``-sp`` each nearest 2x upsampling and its 3x3 convolution as one sub-pixel convolution
+(``ShotDecoder(subpixel=True)``, ``infer/vae_upsample.py``), ``-bm`` cuDNN's autotuner on for the convolutions
 (``torch.backends.cudnn.benchmark``, which the product leaves off: compiled and channels-last, it
 gained nothing on an H100, bench/RESULTS.md).
 """
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_setup import print_kernels  # noqa: E402
 from longlive_core.infer.decode import ShotDecoder  # noqa: E402
+from longlive_core.infer.vae_upsample import subpixel_upsampling  # noqa: E402
 from longlive_core.models.vae import build_vae, encode_video, frames_to_input  # noqa: E402
 from longlive_core.train.flops import PEAK_BF16_TFLOPS  # noqa: E402
 from longlive_core.video.synth import ShotSpec, render_shot  # noqa: E402
@@ -56,7 +58,7 @@ def decoder_for(variant: str, state: dict, name: str, device: torch.device) -> S
     torch.backends.cudnn.benchmark = "-bm" in variant
     calls = re.search(r"-f(\d+)", variant)
     return ShotDecoder(vae.to(dtype).eval(), dtype, channels_last="-cl" in variant, compile="-compile" in variant,
-                       frames_per_call=int(calls.group(1)) if calls else 1)
+                       frames_per_call=int(calls.group(1)) if calls else 1, subpixel="-sp" in variant)
 
 
 def decode_shot(decoder: ShotDecoder, latents: list[torch.Tensor], device) -> tuple[torch.Tensor, list[float]]:
@@ -137,11 +139,17 @@ def main(argv: list[str] | None = None) -> None:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     from torch.utils.flop_counter import FlopCounterMode
 
-    fp32.start_shot()
-    fp32.decode(latents[0])
-    with FlopCounterMode(display=False) as counter:  # a steady chunk's FLOPs: the same in every variant
-        fp32.decode(latents[1])
-    tflop = counter.get_total_flops() / 1e12
+    tflops_of = {}  # a steady chunk's FLOPs, plain and with sub-pixel upsampling (the other variants do the same)
+    for subpixel in (False, True):
+        if subpixel:
+            subpixel_upsampling(fp32.vae.decoder)
+        fp32.start_shot()
+        fp32.decode(latents[0])
+        with FlopCounterMode(display=False) as counter:
+            fp32.decode(latents[1])
+        tflops_of[subpixel] = counter.get_total_flops() / 1e12
+    print(f"# a steady chunk: {tflops_of[False]:.1f} TFLOP, {tflops_of[True]:.1f} with sub-pixel upsampling",
+          flush=True)
     del fp32
     frames_per_chunk = 4 * chunk
     for variant in args.variants.split(","):
@@ -154,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         frames, times = decode_shot(decoder, latents, device)
         peak = f"; peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
         ms = statistics.median(times[1:] or times) * 1000
+        tflop = tflops_of["-sp" in variant]
         tflops = tflop / ms * 1000
         levels = (frames.int() - reference.int()).abs().max().item()
         print(f"{variant}: {ms:.0f} ms per chunk -> {frames_per_chunk / ms * 1000:.1f} FPS; {tflop:.1f} TFLOP per "
