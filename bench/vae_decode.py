@@ -88,6 +88,23 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     return float("inf") if mse == 0 else 10 * torch.log10(torch.tensor(255.0 ** 2 / mse)).item()
 
 
+def explain_call(decoder: ShotDecoder, latents: list[torch.Tensor]) -> None:
+    """How Dynamo splits a steady decoder call (the shot's second frame): its graphs and why it broke between
+    them (a break makes the callee a function compiled apart, with its own recompile limit)."""
+    decoder.start_shot()
+    decoder.decode(latents[0][:, :1])
+    x = decoder.vae.post_quant_conv((latents[0][:, 1:2] * decoder.std + decoder.mean)[None].to(decoder.dtype))
+    if decoder.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        explained = torch._dynamo.explain(decoder._frame)(x, False)
+    print(f"  Dynamo: {explained.graph_count} graphs, {explained.graph_break_count} breaks", flush=True)
+    for reason in explained.break_reasons[:6]:
+        where = reason.user_stack[-1] if reason.user_stack else ""
+        print(f"    break: {str(reason.reason)[:160]} at {where}", flush=True)
+    decoder.start_shot()
+
+
 def profile_chunk(decoder: ShotDecoder, latents: list[torch.Tensor], device: torch.device, top: int = 12) -> None:
     """One steady chunk (the shot's second) under torch.profiler: the kernels by device time, and the
     share of the convolutions' (cuDNN's and Triton's convolution kernels, by name)."""
@@ -111,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one steady chunk of each variant: its kernels by GPU time, convolutions apart")
+    ap.add_argument("--explain", action="store_true",
+                    help="also print how Dynamo splits a steady decoder call of each compiled variant")
     ap.add_argument("--content", choices=("noise", "demo"), default="noise",
                     help="latents drawn N(0, 1), or the demo's synthetic shots rendered at full size and encoded "
                          "by the same random VAE in float32")
@@ -153,7 +172,13 @@ def main(argv: list[str] | None = None) -> None:
     del fp32
     frames_per_chunk = 4 * chunk
     for variant in args.variants.split(","):
+        # compiled code is kept per function, not per decoder: without a reset, a variant's recompiles count toward
+        # the limit of the variants before it (8 a function) and past it Dynamo runs the calls eagerly
+        torch._dynamo.reset()
         decoder = decoder_for(variant, state, name, device)
+        if args.explain and "-compile" in variant:
+            explain_call(decoder, latents)
+            torch._dynamo.reset()
         t0 = time.perf_counter()
         decode_shot(decoder, latents[:2], device)  # warm-up: compiles every graph a shot needs
         warm = time.perf_counter() - t0

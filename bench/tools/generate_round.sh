@@ -68,7 +68,7 @@ for part in "$@"; do case $part in
                    --variants bf16-compile-cl,bf16-compile-cl-f2,bf16-compile-cl-f4 ;;  # latent frames per decoder
                    # call, side by side (8 a call ran out of an H100's 80 GB)
     vae_sp) run vae_sp python3 bench/vae_decode.py --chunks 4 \
-                --variants bf16-compile-cl,bf16-compile-cl-sp,bf16-compile-cl-sp-f2,bf16-compile-cl-sp-f4 ;;  # sub-pixel
+                --variants bf16-compile-cl,bf16-compile-cl-sp,bf16-compile-cl-sp-f2,bf16-compile-cl-sp-f4 --explain ;;  # sub-pixel
                 # upsampling against the product's decoder, then with 2 and 4 latent frames a call
     vae_bm) run vae_bm python3 bench/vae_decode.py --chunks 4 --variants bf16-compile-cl,bf16-compile-cl-bm ;;
     train) run train python3 bench/train_step.py --blocks 8 --frames 32 --recipes bf16 --compile 1 --steps 2 \

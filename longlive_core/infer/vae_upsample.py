@@ -33,7 +33,8 @@ class SubpixelUpsampleConv(nn.Module):
             raise ValueError(f"a sub-pixel upsampling needs a 3x3 convolution of stride 1, padding 1, no groups, "
                              f"no dilation; got {conv}")
         w = conv.weight.detach().to(torch.float64)  # (C_out, C_in, 3, 3)
-        phases = torch.einsum("prk,qsl,oikl->pqoirs", _TAPS, _TAPS, w)  # (2, 2, C_out, C_in, 2, 2)
+        taps = _TAPS.to(w.device)
+        phases = torch.einsum("prk,qsl,oikl->pqoirs", taps, taps, w)  # (2, 2, C_out, C_in, 2, 2)
         c_out, c_in = w.shape[:2]
         self.out_channels = c_out
         self.conv = nn.Conv2d(c_in, 4 * c_out, 2, padding=1, bias=conv.bias is not None,
