@@ -67,3 +67,16 @@ def test_a_decoder_with_subpixel_upsampling_decodes_the_same_frames():
         if subpixel:
             assert decoder.upsamplings == sum(isinstance(m, SubpixelUpsampleConv) for m in decoder.vae.modules()) > 0
     assert (frames[True].int() - frames[False].int()).abs().max() <= 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_subpixel_convolution_on_cuda_in_bfloat16_channels_last():
+    """Made from a convolution on the GPU (its taps summed there), compiled as the product runs it."""
+    g = torch.Generator("cuda").manual_seed(0)
+    conv = nn.Conv2d(64, 32, 3, padding=1, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 64, 12, 20, device="cuda", generator=g).to(torch.bfloat16)
+    x = x.contiguous(memory_format=torch.channels_last)
+    exact = plain(conv.double())(x.double())
+    fused = torch.compile(SubpixelUpsampleConv(conv.to(torch.bfloat16)))(x)
+    assert fused.is_contiguous(memory_format=torch.channels_last)
+    assert (fused.double() - exact).abs().max() <= 4 * 2.0 ** -8 * exact.abs().max()
