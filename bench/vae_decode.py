@@ -175,10 +175,16 @@ def main(argv: list[str] | None = None) -> None:
         # compiled code is kept per function, not per decoder: without a reset, a variant's recompiles count toward
         # the limit of the variants before it (8 a function) and past it Dynamo runs the calls eagerly
         torch._dynamo.reset()
+        # more latent frames a call compile the up blocks apart for each of their frame counts (past 8 Dynamo ran
+        # them eagerly in the H100's -f2 variant)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         decoder = decoder_for(variant, state, name, device)
         if args.explain and "-compile" in variant:
             explain_call(decoder, latents)
             torch._dynamo.reset()
+        # more latent frames a call compile the up blocks apart for each of their frame counts (past 8 Dynamo ran
+        # them eagerly in the H100's -f2 variant)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         t0 = time.perf_counter()
         decode_shot(decoder, latents[:2], device)  # warm-up: compiles every graph a shot needs
         warm = time.perf_counter() - t0

@@ -17,8 +17,8 @@
 #   bash bench/tools/generate_round.sh dmd                   # ~6 min: distill_dmd's budget plans against full and none
 #   bash bench/tools/generate_round.sh dmd_memory            # ~2 min: what distill_dmd's full iteration holds at its peak
 #   bash bench/tools/generate_round.sh vae_profile           # ~3 min: where the compiled decoder's time goes
-#   bash bench/tools/generate_round.sh vae_calls             # ~6 min: 2 and 4 latent frames per decoder call against 1
 #   bash bench/tools/generate_round.sh vae_sp                # ~8 min: sub-pixel upsampling, with 1, 2 and 4 frames a call
+#                                                           # (the first two variants took 5 min on an H100)
 #   bash bench/tools/generate_round.sh vae_bm                # ~5 min: cuDNN's autotuner against the default
 #                                                           # (three compiled variants in one call overran 7.5 min)
 #   bash bench/tools/generate_round.sh memory                # ~4 min: what the step's peak holds (NVFP4 full against budget)
@@ -62,14 +62,11 @@ for part in "$@"; do case $part in
                     --dump /tmp/fp8_layer1.safetensors --dump-layer 1
                 run fp8_accumulation python3 bench/fp8_accumulation.py /tmp/fp8_layer1.safetensors ;;
     vae) run vae python3 bench/vae_decode.py ;;
-    vae_demo) run vae_demo python3 bench/vae_decode.py --content demo --variants bf16,bf16-compile-cl ;;
-    vae_profile) run vae_profile python3 bench/vae_decode.py --chunks 4 --variants bf16-compile-cl --profile ;;
-    vae_calls) run vae_calls python3 bench/vae_decode.py --chunks 4 \
-                   --variants bf16-compile-cl,bf16-compile-cl-f2,bf16-compile-cl-f4 ;;  # latent frames per decoder
-                   # call, side by side (8 a call ran out of an H100's 80 GB)
+    vae_demo) run vae_demo python3 bench/vae_decode.py --content demo --variants bf16,bf16-compile-cl-sp,bf16-compile-cl ;;
+    vae_profile) run vae_profile python3 bench/vae_decode.py --chunks 4 --variants bf16-compile-cl-sp --profile ;;
     vae_sp) run vae_sp python3 bench/vae_decode.py --chunks 4 \
-                --variants bf16-compile-cl,bf16-compile-cl-sp,bf16-compile-cl-sp-f2,bf16-compile-cl-sp-f4 --explain ;;  # sub-pixel
-                # upsampling against the product's decoder, then with 2 and 4 latent frames a call
+                --variants bf16-compile-cl-sp,bf16-compile-cl,bf16-compile-cl-sp-f2,bf16-compile-cl-sp-f4 --explain ;;  # the
+                # product's decoder (sub-pixel upsampling) against the plain one, then with 2 and 4 latent frames a call
     vae_bm) run vae_bm python3 bench/vae_decode.py --chunks 4 --variants bf16-compile-cl,bf16-compile-cl-bm ;;
     train) run train python3 bench/train_step.py --blocks 8 --frames 32 --recipes bf16 --compile 1 --steps 2 \
                --ac budget:47 compiler:0.2 budget:65 compiler:0.5 full --out "$out" ;;
