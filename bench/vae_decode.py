@@ -182,9 +182,6 @@ def main(argv: list[str] | None = None) -> None:
         if args.explain and "-compile" in variant:
             explain_call(decoder, latents)
             torch._dynamo.reset()
-        # more latent frames a call compile the up blocks apart for each of their frame counts (past 8 Dynamo ran
-        # them eagerly in the H100's -f2 variant)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         t0 = time.perf_counter()
         decode_shot(decoder, latents[:2], device)  # warm-up: compiles every graph a shot needs
         warm = time.perf_counter() - t0
@@ -200,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
               f"chunk -> {tflops:.0f} TFLOP/s"
               + (f" ({tflops / PEAK_BF16_TFLOPS['H200']:.0%} of the H200's dense BF16 peak)" if cuda else "")
               + f"; against fp32: PSNR {psnr(frames, reference):.1f} dB, at most {levels} levels off; "
-              f"warm-up {warm:.0f} s{peak}", flush=True)
+              f"warm-up {warm:.0f} s{peak}"
+              + (f"; {decoder.upsamplings} upsamplings sub-pixel" if decoder.upsamplings else ""), flush=True)
         if args.profile:
             profile_chunk(decoder, latents, device)
         del decoder

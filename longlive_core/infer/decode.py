@@ -31,7 +31,7 @@ class ShotDecoder:
     does not double the time axis of a shot's first call, so that call must hold one frame): fewer,
     larger convolutions and fewer copies of the causal cache, for activations that many times larger.
     ``subpixel``: each nearest 2x upsampling and the 3x3 convolution after it as one 2x2 convolution of
-    four phases (``vae_upsample``: 2.25x fewer FLOPs there). Each leaves the frames as they are up to the
+    four phases (``vae_upsample``: about 2.2x fewer FLOPs there). Each leaves the frames as they are up to the
     dtype's rounding (tested); bench/vae_decode.py measures what they gain."""
 
     def __init__(self, vae, dtype: torch.dtype = torch.float32, channels_last: bool = False, compile: bool = False,

@@ -335,12 +335,14 @@ def check_out(out: Path) -> None:
 def vae_decoder(path: str, device: torch.device, dtype_name: str, compile: bool = False) -> ShotDecoder:
     """The VAE's shot decoder in ``dtype_name`` (auto: bfloat16 on a GPU, where it decodes at 1.56x
     float32's speed, 50.6 dB PSNR against it: REFERENCE.md's H200 figures; float32 on the CPU), on a GPU
-    in channels-last layouts (1.07x there, the same frames) and with sub-pixel upsampling (compiled, 1.058x
-    on an H100 at 51.5 dB PSNR against float32, where the plain decoder gives 51.6), and compiled where
-    ``compile`` asks (1.50x more with channels-last, after ~80 s of compiling: bench/RESULTS.md)."""
+    in channels-last layouts (1.07x there, the same frames), and compiled where ``compile`` asks (1.50x more
+    with channels-last, after ~80 s of compiling), then with sub-pixel upsampling too (1.058x more on an H100,
+    51.5 dB PSNR against float32 where the plain decoder gives 51.6; measured compiled only, so only there:
+    bench/RESULTS.md)."""
     gpu = device.type == "cuda"
     dtype = (torch.bfloat16 if gpu else torch.float32) if dtype_name == "auto" else getattr(torch, dtype_name)
-    return ShotDecoder(vae_from(path, device).to(dtype), dtype, channels_last=gpu, compile=compile, subpixel=gpu)
+    return ShotDecoder(vae_from(path, device).to(dtype), dtype, channels_last=gpu, compile=compile,
+                       subpixel=gpu and compile)
 
 
 def vae_device(name: str, dit: torch.device) -> torch.device:

@@ -6,10 +6,11 @@ Why it is the same map: after a nearest 2x upsampling, the 3x3 window around out
 input rows a - 1 and a where p = 0 (kernel row 0 on the first, rows 1 and 2 on the second) and rows a and
 a + 1 where p = 1 (rows 0 and 1, then row 2); columns likewise. So each phase is a 2x2 kernel whose
 taps are sums of the 3x3 kernel's, and the border's zero rows correspond one to one. Per output pixel
-it multiplies 4 input pixels, where the upsampled image's convolution multiplies 9 (2.25x fewer FLOPs:
-14% of the decoder's at 704x1280, counted in bench/vae_decode.py), and the 4x upsampled input is never
-written. The summed taps are rounded once to the weights' dtype (in bfloat16 a relative 2^-9, as one
-more rounding of an activation), so frames differ from the plain decoder's within that rounding
+it multiplies 4 input pixels, where the upsampled image's convolution multiplies 9 (about 2.2x fewer
+FLOPs with the phases' extra border row and column; a steady chunk of the Wan2.2 decoder at 704x1280 does
+7.5% fewer in all, as bench/vae_decode.py counts them), and the 4x upsampled input is never written.
+The summed taps are rounded once to the weights' dtype (in bfloat16 a relative 2^-9, as one more rounding
+of an activation), so frames differ from the plain decoder's within that rounding
 (tests/test_infer_vae_upsample.py; bench/vae_decode.py measures the PSNR against float32).
 """
 from __future__ import annotations
@@ -49,7 +50,9 @@ class SubpixelUpsampleConv(nn.Module):
         n, _, h, w = x.shape
         c = self.out_channels
         z = self.conv(x)  # (N, 4 C, H + 1, W + 1): phase (p, q) at rows p.., columns q..
-        channels_last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        # the layout the plain convolution's output would take (its input's and weights'), read off z's: with its
+        # 4 C channels and a border row and column, unambiguous where x's may not be (one channel or pixel)
+        channels_last = z.is_contiguous(memory_format=torch.channels_last) and not z.is_contiguous()
         out = torch.empty((n, c, 2 * h, 2 * w), dtype=z.dtype, device=z.device,
                           memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         z = z.view(n, 2, 2, c, h + 1, w + 1)
