@@ -93,11 +93,9 @@ def explain_call(decoder: ShotDecoder, latents: list[torch.Tensor]) -> None:
     them (a break makes the callee a function compiled apart, with its own recompile limit)."""
     decoder.start_shot()
     decoder.decode(latents[0][:, :1])
-    x = decoder.vae.post_quant_conv((latents[0][:, 1:2] * decoder.std + decoder.mean)[None].to(decoder.dtype))
-    if decoder.channels_last:
-        x = x.contiguous(memory_format=torch.channels_last_3d)
     with torch.no_grad():
-        explained = torch._dynamo.explain(decoder._frame)(x, False)
+        (x, first), = decoder.calls(latents[0][:, 1:2])
+        explained = torch._dynamo.explain(decoder.eager_frame)(x, first)
     print(f"  Dynamo: {explained.graph_count} graphs, {explained.graph_break_count} breaks", flush=True)
     for reason in explained.break_reasons[:6]:
         where = reason.user_stack[-1] if reason.user_stack else ""

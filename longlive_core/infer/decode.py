@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -51,10 +51,11 @@ class ShotDecoder:
                 if isinstance(module, torch.nn.Conv3d | torch.nn.Conv2d):
                     layout = torch.channels_last_3d if module.weight.dim() == 5 else torch.channels_last
                     module.weight.data = module.weight.data.contiguous(memory_format=layout)
-        self.frame = torch.compile(self._frame, dynamic=False) if compile else self._frame
+        self.frame = torch.compile(self.eager_frame, dynamic=False) if compile else self.eager_frame
 
-    def _frame(self, x: torch.Tensor, first: bool) -> torch.Tensor:
-        """Latent frames through the decoder in one call, its causal feature cache read and updated."""
+    def eager_frame(self, x: torch.Tensor, first: bool) -> torch.Tensor:
+        """Latent frames through the decoder in one call, its causal feature cache read and updated (``frame``
+        is this, compiled where the decoder compiles)."""
         vae = self.vae
         vae._conv_idx = [0]
         return vae.decoder(x, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=first)
@@ -80,27 +81,30 @@ class ShotDecoder:
             self.decode(z)
         self.start_shot()
 
+    def calls(self, z: torch.Tensor) -> Iterator[tuple[torch.Tensor, bool]]:
+        """The decoder calls that ``decode`` makes of normalised latents (C, F, h, w): each call's input, laid
+        out as the decoder takes it, and whether it is the shot's first call (which then has been made)."""
+        x = (z.to(self.device, torch.float32) * self.std + self.mean)[None].to(self.dtype)
+        x = self.vae.post_quant_conv(x)  # a 1x1x1 convolution: no temporal state
+        i = 0
+        while i < x.shape[2]:
+            first = self.first
+            frames = x[:, :, i:i + (1 if first else self.frames_per_call)]
+            if self.channels_last:
+                frames = frames.contiguous(memory_format=torch.channels_last_3d)
+            self.first = False
+            yield frames, first
+            i += frames.shape[2]
+
     @torch.no_grad()
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Normalised latents (C, F, h, w) of the running shot -> (T, H, W, 3) uint8 frames:
         1 + 4 (F - 1) for the shot's first chunk, 4 F after it."""
         from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
-        vae = self.vae
-        x = (z.to(self.device, torch.float32) * self.std + self.mean)[None].to(self.dtype)
-        x = vae.post_quant_conv(x)  # a 1x1x1 convolution: no temporal state
-        parts, i = [], 0
-        while i < x.shape[2]:
-            n = 1 if self.first else self.frames_per_call
-            frames = x[:, :, i:i + n]
-            if self.channels_last:
-                frames = frames.contiguous(memory_format=torch.channels_last_3d)
-            parts.append(self.frame(frames, self.first))
-            self.first = False
-            i += n
-        out = torch.cat(parts, dim=2)
-        if vae.config.patch_size is not None:
-            out = unpatchify(out, patch_size=vae.config.patch_size)
+        out = torch.cat([self.frame(x, first) for x, first in self.calls(z)], dim=2)
+        if self.vae.config.patch_size is not None:
+            out = unpatchify(out, patch_size=self.vae.config.patch_size)
         rgb = ((out.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
         return rgb[0].permute(1, 2, 3, 0).contiguous()
 
