@@ -54,6 +54,7 @@ from longlive_core.train.ac_planning import (
     local_bytes,
     log_plan,
     plan_entry,
+    run_key,
     step_memory,
 )
 from longlive_core.train.checkpointing import agree
@@ -128,15 +129,12 @@ class DistillPlanner:
 
     def _key(self) -> dict:
         cfg = self.cfg
-        return {"stage": "distill_dmd", "dit": dataclasses.asdict(self.model.cfg),
-                "kinds": dict(sorted(self.counts.items())),
+        return {**run_key(self.model, self.memory, self.target, self.device, self.dtype),
+                "stage": "distill_dmd", "kinds": dict(sorted(self.counts.items())),
                 "latent_frames": cfg.latent_frames, "grad_frames": cfg.grad_frames, "window": cfg.window,
                 "chunk": self.chunk, "grid": list(self.grid), "text_tokens": self.text_tokens,
-                "world": dist.get_world_size(), "sharding": cfg.parallel.sharding, "dtype": str(self.dtype),
-                "recipe": cfg.recipe, "lora": dataclasses.asdict(cfg.lora), "torch": torch.__version__,
-                "limit": self.target,
-                "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
-                "memory": [self.memory.resident // 2**26, self.memory.grads, self.memory.optimizer, self.memory.fsdp]}
+                "world": dist.get_world_size(), "sharding": cfg.parallel.sharding,
+                "recipe": cfg.recipe, "lora": dataclasses.asdict(cfg.lora)}
 
     def _profiles(self, args: tuple) -> dict[str, BlockProfile]:
         made = agree({k: profile_block(p, args).to_json() for k, p in sorted(self.budget.probes.items())})

@@ -99,6 +99,15 @@ def step_memory(model: WanDiT, optimizer: torch.optim.Optimizer, ema: dict[str, 
     return StepMemory(resident, grads, 0 if optimizer.state else 2 * grads, fsdp_bytes(model, dtype))
 
 
+def run_key(model: WanDiT, memory: StepMemory, target: int, device: torch.device, dtype: torch.dtype) -> dict:
+    """What every trainer's plans depend on beside its shapes: the model, the step's memory, the target, the
+    device, the dtype and torch (whose kernels the profile prices)."""
+    return {"dit": dataclasses.asdict(model.cfg), "dtype": str(dtype), "torch": torch.__version__, "limit": target,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            # what is measured resident varies a little between runs of the same config
+            "memory": [memory.resident // 2**26, memory.grads, memory.optimizer, memory.fsdp]}
+
+
 def fsdp_bytes(model: WanDiT, dtype: torch.dtype) -> int:
     """FSDP's buffers at once: two blocks' gathered compute copies, the root's, one block's unsharded
     float32 gradients."""
@@ -392,17 +401,14 @@ class WindowPlanner:
 
     def _key(self, window: int) -> dict:
         cfg, p = self.cfg, self.cfg.precision
-        return {"dit": dataclasses.asdict(self.model.cfg), "kinds": dict(sorted(self.budget.counts.items())),
+        return {**run_key(self.model, self.memory, self.target, self.device, self.dtype),
+                "kinds": dict(sorted(self.budget.counts.items())),
                 "window": window, "chunk": cfg.chunk_frames, "grid": list(self.grid), "text_tokens": self.text_tokens,
                 "sp": cfg.sp, "world": self.world, "sharding": cfg.parallel.sharding,
                 # the plans differ only by whether the blocks' gradients replace their inputs (``_profiled``)
                 "one_micro_batch": cfg.grad_accum == 1,
-                "dtype": str(self.dtype),
                 "recipe": [p.recipe, list(p.skip), p.keep_last_blocks], "attention": cfg.attention,
-                "compile": cfg.compile, "torch": torch.__version__, "limit": self.target,
-                "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
-                # what is measured resident varies a little between runs of the same config
-                "memory": [self.memory.resident // 2**26, self.memory.grads, self.memory.optimizer, self.memory.fsdp]}
+                "compile": cfg.compile}
 
     @contextlib.contextmanager
     def _probing(self, layout: TeacherForcingLayout):
