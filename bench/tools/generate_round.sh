@@ -15,6 +15,8 @@
 #   bash bench/tools/generate_round.sh fp8_layers            # ~2 min: cuDNN FP8 attention's error layer by layer,
 #                                                           # then layer 1's accumulator modelled on the CPU
 #   bash bench/tools/generate_round.sh dmd                   # ~6 min: distill_dmd's budget plans against full and none
+#   bash bench/tools/generate_round.sh dmd16 train16_nvfp4   # ~4 and ~9 min: production's limit at 16 blocks,
+#                                                           # distill_dmd's and train_ar's (NVFP4) rates
 #   bash bench/tools/generate_round.sh dmd_memory            # ~2 min: what distill_dmd's full iteration holds at its peak
 #   bash bench/tools/generate_round.sh vae_profile           # ~3 min: where the compiled decoder's time goes
 #   bash bench/tools/generate_round.sh vae_sp                # ~8 min: sub-pixel upsampling, with 1, 2 and 4 frames a call
@@ -72,6 +74,10 @@ for part in "$@"; do case $part in
                --ac budget:47 compiler:0.2 budget:65 compiler:0.5 full --out "$out" ;;
     train_nvfp4) run train_nvfp4 python3 bench/train_step.py --blocks 8 --frames 32 --recipes nvfp4 --compile 1 \
                --steps 2 --ac budget:47 budget:43.2 compiler:0.2 full --out "$out" ;;  # 43.2: the knob's step peak
+    train16_nvfp4) run train16_nvfp4 python3 bench/train_step.py --blocks 16 --frames 32 --recipes nvfp4 --compile 1 \
+                   --steps 2 --ac budget compiler:0.2 full --out "$out" ;;  # production's recipe at its limit (0.9
+                   # of the GPU), with blocks enough that not every one fits unchecked: the rate production's
+                   # train_ar needs before it takes `budget`
     train16) run train16 python3 bench/train_step.py --blocks 16 --frames 32 --recipes bf16 --compile 1 --steps 2 \
                --ac budget:120 compiler:0.3 full --out "$out" ;;
     memory) for config in nvfp4/full nvfp4/budget:47; do  # what each step's peak holds, line by line (full kept 22 GiB
@@ -89,6 +95,10 @@ for part in "$@"; do case $part in
              i=$((i + 1))                                       # 0.9 of the GPU) against full, twice, and none
              run "dmd${i}_${ac/:/}" python3 bench/dmd_step.py --blocks 8 --frames 32 --modes nvfp4-lora --steps 2 \
                  --ac "$ac" --out "$out/dmd${i}_${ac/:/}"; done ;;  # NVFP4 + LoRA, each in its own process
+    dmd16) i=0; for ac in full budget full; do  # production's limit with blocks enough that not every one
+               i=$((i + 1))                             # fits unchecked (8 blocks: all did), for a rate nearer 30's
+               run "dmd16_${i}_${ac}" python3 bench/dmd_step.py --blocks 16 --frames 32 --modes nvfp4-lora --steps 2 \
+                   --ac "$ac" --out "$out/dmd16_${i}_${ac}"; done ;;
     dmd_memory) run dmd_memory python3 bench/dmd_step.py --blocks 8 --frames 32 --modes nvfp4-lora --steps 1 --ac full \
                     --memory-peak --out "$out/dmd_memory" ;;  # where distill_dmd's full step peaks, line by line
     caption) run caption python3 bench/caption_throughput.py --repeats 3 --json "$out/caption.jsonl" ;;
