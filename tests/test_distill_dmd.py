@@ -94,3 +94,15 @@ def test_a_rollout_of_a_two_shot_sample_starts_the_second_shot_in_the_cache(monk
     assert seen["shots"] == [0, 0, 1, 1] and [float(t.mean()) for t in seen["texts"]] == [0.0, 0.0, 1.0, 1.0]
     assert (seen["cfg"].window, seen["cfg"].global_sink, seen["cfg"].shot_sink) == (8, 2, 2)
     assert seen["grad_from"] == 2  # the last grad_frames (two chunks) carry the gradient
+
+
+def test_the_memory_comparison_measures_budget_as_full():
+    """A budget plan fills the GPU to its limit whatever the weights, so the stage's memory comparison
+    measures it as `full`; every other policy as configured, one iteration a generator and a critic step."""
+    from longlive_core.distill.config import DistillDMDConfig
+    from longlive_core.distill.trainer import comparison_config
+
+    for configured, measured in (("budget", "full"), ("full", "full"), ("none", "none"), ("selective", "selective")):
+        cfg = DistillDMDConfig(activation_checkpointing=configured, generator_every=5, stats_every=10)
+        one = comparison_config(cfg)
+        assert (one.activation_checkpointing, one.generator_every, one.stats_every) == (measured, 1, 0)

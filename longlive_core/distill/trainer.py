@@ -411,15 +411,24 @@ def distill(cfg: DistillDMDConfig, inputs: DistillInputs, sink: MetricsSink | No
     return DMDTrainer(cfg, inputs).run(sink, stop_after)
 
 
+def comparison_config(cfg: DistillDMDConfig) -> DistillDMDConfig:
+    """What ``memory_comparison`` runs: one iteration a generator and a critic step, no statistics, and
+    ``budget`` checkpointing measured as ``full``: a budget plan fills the GPU to its limit whatever the
+    weights, so its peak would compare the limit with itself; ``full``'s peak is what each needs."""
+    ac = "full" if cfg.activation_checkpointing == "budget" else cfg.activation_checkpointing
+    return dataclasses.replace(cfg, generator_every=1, stats_every=0, activation_checkpointing=ac)
+
+
 def memory_comparison(cfg: DistillDMDConfig, inputs: DistillInputs, scratch: Path) -> dict:
     """Collective: the peak GPU memory of one iteration (a generator and a critic step) of this
     configuration against BF16 full-weight distillation (three whole copies, two of them trained)
-    on the same config, each from a fresh trainer; ``scratch`` takes their checkpoint folders.
-    Measured on CUDA only: a CPU process's peak RSS mixes in everything else it ever held."""
+    on the same config (``comparison_config``), each from a fresh trainer; ``scratch`` takes their
+    checkpoint folders. Measured on CUDA only: a CPU process's peak RSS mixes in everything else it ever
+    held."""
     device = pick_device(cfg.parallel.device, "distill_dmd.device")
     if device.type != "cuda":
         return {"measured": False, "reason": "GPU memory is measured on CUDA devices only"}
-    one = dataclasses.replace(cfg, generator_every=1, stats_every=0)
+    one = comparison_config(cfg)
     peaks = {}
     for name, full in (("configured", False), ("bf16_full_weights", True)):
         torch.cuda.empty_cache()
@@ -431,4 +440,5 @@ def memory_comparison(cfg: DistillDMDConfig, inputs: DistillInputs, scratch: Pat
         peaks[name] = torch.cuda.max_memory_allocated(device) / 2**20
         del trainer
     return {"measured": True, "peak_mb": peaks["configured"], "bf16_full_weights_peak_mb": peaks["bf16_full_weights"],
-            "ratio": peaks["configured"] / peaks["bf16_full_weights"]}
+            "ratio": peaks["configured"] / peaks["bf16_full_weights"],
+            "activation_checkpointing": one.activation_checkpointing}
