@@ -89,12 +89,12 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def explain_call(decoder: ShotDecoder, latents: list[torch.Tensor]) -> None:
-    """How Dynamo splits a steady decoder call (the shot's second frame): its graphs and why it broke between
-    them (a break makes the callee a function compiled apart, with its own recompile limit)."""
+    """How Dynamo splits a steady decoder call (the first of a shot's second chunk): its graphs and why it
+    broke between them (a break makes the callee a function compiled apart, with its own recompile limit)."""
     decoder.start_shot()
-    decoder.decode(latents[0][:, :1])
+    decoder.decode(latents[0])
+    x, first = next(iter(decoder.calls(latents[1])))
     with torch.no_grad():
-        (x, first), = decoder.calls(latents[0][:, 1:2])
         explained = torch._dynamo.explain(decoder.eager_frame)(x, first)
     print(f"  Dynamo: {explained.graph_count} graphs, {explained.graph_break_count} breaks", flush=True)
     for reason in explained.break_reasons[:6]:

@@ -106,3 +106,17 @@ def test_the_memory_comparison_measures_budget_as_full():
         cfg = DistillDMDConfig(activation_checkpointing=configured, generator_every=5, stats_every=10)
         one = comparison_config(cfg)
         assert (one.activation_checkpointing, one.generator_every, one.stats_every) == (measured, 1, 0)
+
+
+def test_the_stage_line_gives_the_memory_comparison_its_own_peaks():
+    """Under budget the run's peak is its plan's, so the comparison's ratio is told with the peaks it compares."""
+    from tasks.distill_dmd import one_line
+
+    summary = {"steps_run": 2, "steps": 2, "resume": "fresh", "skipped_steps": 0, "peak_memory_mb": 120000.0,
+               "conversion": "nvfp4"}
+    assert "full-weight" not in one_line(summary)
+    summary["memory_comparison"] = {"measured": True, "peak_mb": 18000.0, "bf16_full_weights_peak_mb": 48000.0,
+                                    "ratio": 0.375, "activation_checkpointing": "full"}
+    line = one_line(summary)
+    assert "peak memory 120000 MiB; one iteration with full checkpointing 18000 MiB, 0.38x BF16 full-weight" in line
+    assert line.endswith("distillation's 48000 MiB; nvfp4")

@@ -80,6 +80,15 @@ def test_rates_file_needs_sources_and_the_committed_one_loads(tmp_path):
     assert find_rate(rates, "merge_w4a4", "h200").value is None
 
 
+def test_every_committed_rate_names_its_results_row():
+    """A measured rate's ``source`` is the first cell of the bench/RESULTS.md row it was read from, exactly:
+    a row renamed or dropped (a figure superseded) leaves no rate behind that cites nothing."""
+    rows = {line.split(" | ")[0][2:] for line in (REPO / "bench/RESULTS.md").read_text().splitlines()
+            if line.startswith("| ")}
+    unsourced = [(r.stage, r.variant, r.source) for r in load_rates() if r.value is not None and r.source not in rows]
+    assert not unsourced
+
+
 def test_cli_prints_every_stage_and_what_the_total_leaves_out(capsys):
     assert main(["--videos", "120000", "--gpus", "32"]) == 0
     out = capsys.readouterr().out

@@ -26,7 +26,8 @@ class ShotDecoder:
     """``channels_last``: the convolutions' weights and the decoder's input in channels-last layouts
     (cuDNN's fastest for 3-D convolutions in bf16); ``compile``: each decoder call through
     torch.compile with its shapes fixed (a shot's first frame, its second and the rest differ in the
-    feature cache they find: three graphs, compiled once). ``frames_per_call``: latent frames the
+    feature cache they find: three graphs, compiled once, and one more for each other frame count a call
+    meets with several frames a call). ``frames_per_call``: latent frames the
     decoder takes in one call after a shot's first frame, which it always takes alone (the decoder
     does not double the time axis of a shot's first call, so that call must hold one frame): fewer,
     larger convolutions and fewer copies of the causal cache, for activations that many times larger.
@@ -81,9 +82,11 @@ class ShotDecoder:
             self.decode(z)
         self.start_shot()
 
+    @torch.no_grad()
     def calls(self, z: torch.Tensor) -> Iterator[tuple[torch.Tensor, bool]]:
         """The decoder calls that ``decode`` makes of normalised latents (C, F, h, w): each call's input, laid
-        out as the decoder takes it, and whether it is the shot's first call (which then has been made)."""
+        out as the decoder takes it, and whether it is the shot's first call (the decoder counts as past its
+        first call once that is yielded: a failed first call needs ``start_shot``)."""
         x = (z.to(self.device, torch.float32) * self.std + self.mean)[None].to(self.dtype)
         x = self.vae.post_quant_conv(x)  # a 1x1x1 convolution: no temporal state
         i = 0

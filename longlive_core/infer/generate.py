@@ -336,7 +336,7 @@ def vae_decoder(path: str, device: torch.device, dtype_name: str, compile: bool 
     """The VAE's shot decoder in ``dtype_name`` (auto: bfloat16 on a GPU, where it decodes at 1.56x
     float32's speed, 50.6 dB PSNR against it: REFERENCE.md's H200 figures; float32 on the CPU), on a GPU
     in channels-last layouts (1.07x there, the same frames), and compiled where ``compile`` asks (1.50x more
-    with channels-last, after ~80 s of compiling), then with sub-pixel upsampling too (1.058x more on an H100,
+    with channels-last, after ~80 s of compiling), then with sub-pixel upsampling too (1.073x more on the H200,
     51.5 dB PSNR against float32 where the plain decoder gives 51.6; measured compiled only, so only there:
     bench/RESULTS.md)."""
     gpu = device.type == "cuda"
