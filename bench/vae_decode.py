@@ -93,7 +93,7 @@ def explain_call(decoder: ShotDecoder, latents: list[torch.Tensor]) -> None:
     broke between them (a break makes the callee a function compiled apart, with its own recompile limit)."""
     decoder.start_shot()
     decoder.decode(latents[0])
-    x, first = next(iter(decoder.calls(latents[1])))
+    x, first = next(decoder.calls(latents[1]))
     with torch.no_grad():
         explained = torch._dynamo.explain(decoder.eager_frame)(x, first)
     print(f"  Dynamo: {explained.graph_count} graphs, {explained.graph_break_count} breaks", flush=True)
@@ -169,17 +169,14 @@ def main(argv: list[str] | None = None) -> None:
           flush=True)
     del fp32
     frames_per_chunk = 4 * chunk
+    # more latent frames a call compile the up blocks apart for each of their frame counts (past 8 Dynamo ran
+    # them eagerly in the H100's -f2 variant)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     for variant in args.variants.split(","):
         # compiled code is kept per function, not per decoder: without a reset, a variant's recompiles count toward
         # the limit of the variants before it (8 a function) and past it Dynamo runs the calls eagerly
         torch._dynamo.reset()
-        # more latent frames a call compile the up blocks apart for each of their frame counts (past 8 Dynamo ran
-        # them eagerly in the H100's -f2 variant)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         decoder = decoder_for(variant, state, name, device)
-        if args.explain and "-compile" in variant:
-            explain_call(decoder, latents)
-            torch._dynamo.reset()
         t0 = time.perf_counter()
         decode_shot(decoder, latents[:2], device)  # warm-up: compiles every graph a shot needs
         warm = time.perf_counter() - t0
@@ -188,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         frames, times = decode_shot(decoder, latents, device)
         peak = f"; peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if cuda else ""
         ms = statistics.median(times[1:] or times) * 1000
-        tflop = tflops_of["-sp" in variant]
+        tflop = tflops_of[decoder.upsamplings > 0]
         tflops = tflop / ms * 1000
         levels = (frames.int() - reference.int()).abs().max().item()
         print(f"{variant}: {ms:.0f} ms per chunk -> {frames_per_chunk / ms * 1000:.1f} FPS; {tflop:.1f} TFLOP per "
@@ -199,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
               + (f"; {decoder.upsamplings} upsamplings sub-pixel" if decoder.upsamplings else ""), flush=True)
         if args.profile:
             profile_chunk(decoder, latents, device)
+        if args.explain and "-compile" in variant:  # after the timed shots: its tracing is reset with the variant
+            explain_call(decoder, latents)
         del decoder
         if cuda:
             torch.cuda.empty_cache()
