@@ -37,3 +37,21 @@ def made_current(t: torch.Tensor):
     if not t.is_cuda or t.device.index == torch.cuda.current_device():
         return contextlib.nullcontext()
     return torch.cuda.device(t.device)
+
+
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def device_constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype = torch.float32
+                    ) -> torch.Tensor:
+    """``values`` as a 1-D tensor on ``device``, copied from the host once per device and dtype and
+    reused: ``torch.tensor(values, device=...)`` is a synchronous copy, so on a GPU the host would
+    wait for every queued kernel at each call (per linear, per quantized KV chunk). Callers must not
+    write to it."""
+    key = (values, torch.device(device), dtype)
+    table = _CONSTANTS.get(key)
+    if table is None:
+        table = torch.tensor(values, dtype=dtype, device=device)
+        if type(table) is torch.Tensor:  # a fake or traced tensor must not outlive its trace
+            _CONSTANTS[key] = table
+    return table

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from longlive_core.devices import device_constant
+
 SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 BLOCK = 16
 BUTTERFLY_STRIDES = (1, 2, 4, 8)
@@ -46,7 +48,7 @@ def _butterfly(x: torch.Tensor) -> torch.Tensor:
 
 
 def _signs(like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(SIGNS, dtype=torch.float32, device=like.device)
+    return device_constant(SIGNS, like.device)
 
 
 def rht(x: torch.Tensor) -> torch.Tensor:

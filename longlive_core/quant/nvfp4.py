@@ -37,6 +37,7 @@ from typing import Literal
 
 import torch
 
+from longlive_core.devices import device_constant
 from longlive_core.quant.hadamard import inverse_rht as undo_rht  # dequantize's flag has the function's name
 from longlive_core.quant.hadamard import rht as apply_rht
 
@@ -80,7 +81,8 @@ class NVFP4Tensor:
 
 
 def _f32(value: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(value, dtype=torch.float32, device=like.device)
+    # a fill on the device: torch.tensor(value, device=...) would copy from the host and wait for the GPU
+    return torch.full((), value, dtype=torch.float32, device=like.device)
 
 
 def float32_scalar(d: torch.Tensor | float, device: torch.device) -> torch.Tensor:
@@ -122,7 +124,7 @@ def e2m1_stochastic(v: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Codes of values in [-6, 6], rounded up in magnitude with probability equal to the fractional
     distance between the two neighbouring E2M1 magnitudes (``uniform`` in [0, 1))."""
     a = v.abs()
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=v.device)
+    table = device_constant(E2M1_VALUES, v.device)
     lo = (torch.bucketize(a, table, right=True) - 1).clamp(0, 6)
     lo_val, hi_val = table[lo], table[lo + 1]
     p = (a - lo_val) / (hi_val - lo_val)
@@ -131,7 +133,7 @@ def e2m1_stochastic(v: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 
 def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    table = device_constant(E2M1_VALUES, codes.device)
     mag = table[(codes & 7).long()]
     return torch.where((codes & 8) != 0, -mag, mag)
 

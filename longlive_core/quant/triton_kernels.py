@@ -29,7 +29,7 @@ import os
 
 import torch
 
-from longlive_core.devices import made_current
+from longlive_core.devices import device_constant, made_current
 from longlive_core.quant.hadamard import SIGNS
 from longlive_core.quant.nvfp4 import (
     BLOCK,
@@ -719,7 +719,6 @@ if triton is not None:
     _absmax_launcher = CachedLaunch(_absmax_kernel)
 
 
-_SIGNS: dict[torch.device, torch.Tensor] = {}
 # tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
 TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
@@ -736,9 +735,7 @@ FORCE_KERNEL: str | None = None  # None: pick_kernel decides; the tests and benc
 
 def _signs(device: torch.device) -> torch.Tensor:
     # made on first use; inside a CUDA graph capture the host-to-device copy itself is refused by CUDA
-    if device not in _SIGNS:
-        _SIGNS[device] = torch.tensor(SIGNS, dtype=torch.float32, device=device)
-    return _SIGNS[device]
+    return device_constant(SIGNS, device)
 
 
 def _cdiv(a: int, b: int) -> int:
