@@ -42,3 +42,37 @@ def test_within_a_tie_of_full_full_is_kept():
     t = {"a": EagerTrials(full_s=1.0, plan_s=0.995, unchecked_s=0.995, unchecked_kept=1)}
     choice = eager_choice(t, {"a": 4}, 1, 10_000, plan_keeps=True)
     assert (choice.how, choice.unchecked, choice.kept) == ("full", {}, 0)
+
+
+def test_the_last_unchecked_block_fills_the_floors_transient():
+    """A pass of one kind of block whose floor holds that block's forward and backward: the last unchecked
+    block's activations are already in it, so one run of a block is free of the room; the head's backward,
+    run while every unchecked block's activations are held, bounds that credit."""
+    from longlive_core.distributed.ac_eager import unchecked_credit
+
+    t = {"a": EagerTrials(full_s=1.0, plan_s=1.0, unchecked_s=0.6, unchecked_kept=100)}
+    assert unchecked_credit(t, block_transient=150, transient=150, head=0) == 100
+    assert unchecked_credit(t, block_transient=150, transient=150, head=90) == 60  # the head's copies need 90
+    assert unchecked_credit(t, block_transient=150, transient=200, head=0) == 0  # another pass's transient
+    two = {**t, "b": EagerTrials(1.0, 1.0, 0.6, 100)}
+    assert unchecked_credit(two, block_transient=150, transient=150, head=0) == 0  # which block runs last?
+    assert unchecked_blocks(t, {"a": 4}, runs=1, room=250, credit=100) == {"a": 3}
+    assert unchecked_blocks(t, {"a": 4}, runs=2, room=250, credit=100) == {"a": 1}  # 350 holds one block run twice
+    choice = eager_choice(t, {"a": 4}, 1, 250, plan_keeps=False, credit=100)
+    assert (choice.how, choice.unchecked, choice.kept) == ("unchecked", {"a": 3}, 300)
+
+
+def test_an_unchecked_passs_predicted_peak_counts_its_last_block_once():
+    from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost
+    from longlive_core.train.ac_planning import eager_entry
+
+    ops = (OpCost("mm", 100, 1e-3, True),)
+    profiles = {"a": BlockProfile(ops, 1e-3, 10, 150, "cuda:0")}
+    plans = {"a": ACPlan((), 0, 1e-3, 1e-3, 0)}
+    trials = {"a": EagerTrials(full_s=1.0, plan_s=1.0, unchecked_s=0.6, unchecked_kept=100)}
+    parts = {"static": 1000, "transient": 150}
+    entry = eager_entry(profiles, plans, {"a": 4}, 1, parts, 250, trials, head=20)
+    assert entry["unchecked"] == {"a": 3} and entry["kept"] == 300
+    assert entry["predicted_peak"] == 1150 + 300 - 100  # the floor and two blocks' activations beyond it
+    # the head's backward, with every unchecked block's activations held, fits under it
+    assert entry["predicted_peak"] >= 1000 + 300 + 20

@@ -155,6 +155,7 @@ class DistillPlanner:
         generator_outside = OutsideBlocks(self.chunk * tokens_per_frame, dim, item, passes=g)
         counts = self.pass_counts
         runs = {"critic": 1, "generator": g}
+        heads = {"critic": critic_outside.head_bytes, "generator": generator_outside.head_bytes}
         for probe in self.budget.probes.values():
             probe.to(self.device)
         try:
@@ -187,7 +188,8 @@ class DistillPlanner:
                 plans = plan_blocks(profiles, pass_counts, room)
                 if self.measures():  # the fastest of full, the plan and unchecked blocks; its inputs freed after
                     trials = eager_trials(self.budget.probes, args.pop(name), plans, self.device)
-                    out[name] = eager_entry(profiles, plans, self.counts, runs[name], parts, room, trials)
+                    out[name] = eager_entry(profiles, plans, self.counts, runs[name], parts, room, trials,
+                                            head=heads[name])
                 else:  # no trials: the op-level plans as the profile prices them
                     out[name] = plan_entry(profiles, plans, pass_counts, parts,
                                            sum(pass_counts[k] * plans[k].saved_bytes for k in plans))

@@ -10,6 +10,9 @@ the GPU busy that is the pass's time (on an H100, distill_dmd's generator pass w
 ran slower than ``full``, bench/RESULTS.md). An unchecked block pays no such cost and spares its
 whole recomputation, for every byte it keeps. So a pass takes the fastest of the three as its blocks
 measured them, a candidate kept only where it is faster than ``full`` by more than ``ac_plan.MEASURED_TIE``.
+Unchecked blocks fill the room above the floor, less what the last of them keeps where the floor's
+transient is its own forward and backward (``unchecked_credit``): counted twice, the H100's critic pass
+predicted its peak 10 GiB high (bench/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -41,15 +44,16 @@ class EagerChoice:
 
 
 def unchecked_blocks(trials: Mapping[str, EagerTrials], blocks: Mapping[str, int], runs: int,
-                     room: int) -> dict[str, int]:
+                     room: int, credit: int = 0) -> dict[str, int]:
     """How many blocks of each kind (of ``blocks[kind]`` in a model, each run ``runs`` times a pass with
     its activations held until the backward) run unchecked within ``room`` bytes: the kinds that spare
-    the most time per byte first."""
+    the most time per byte first. ``credit``: what the unchecked blocks may keep beyond the room
+    (``unchecked_credit``)."""
     def per_byte(kind: str) -> float:
         t = trials[kind]
         return (t.full_s - t.unchecked_s) / max(1, runs * t.unchecked_kept)
 
-    out, left = {}, room
+    out, left = {}, room + credit
     for kind in sorted(trials, key=per_byte, reverse=True):
         t = trials[kind]
         if t.unchecked_s >= t.full_s:
@@ -62,11 +66,25 @@ def unchecked_blocks(trials: Mapping[str, EagerTrials], blocks: Mapping[str, int
     return out
 
 
+def unchecked_credit(trials: Mapping[str, EagerTrials], block_transient: int, transient: int, head: int) -> int:
+    """The bytes of a pass's floor that its unchecked blocks' activations take the place of. The floor
+    holds one block's forward and backward at once (``transient``); the last unchecked block's backward
+    is that transient with its own kept activations in it, and the checkpointed blocks' come after every
+    unchecked block's activations are freed. So with one kind of block, and the floor's transient that
+    block's own (``block_transient``: not a head's, not another pass's), one run of a block keeps nothing
+    beyond the floor, as long as the head's backward (``head`` bytes, run while every unchecked block's
+    activations are held) still fits under the rest of the transient. 0 otherwise."""
+    if len(trials) != 1 or transient > block_transient:
+        return 0
+    (t,) = trials.values()
+    return max(0, min(t.unchecked_kept, transient - head))
+
+
 def eager_choice(trials: Mapping[str, EagerTrials], blocks: Mapping[str, int], runs: int, room: int,
-                 plan_keeps: bool) -> EagerChoice:
+                 plan_keeps: bool, credit: int = 0) -> EagerChoice:
     """The fastest of ``full``, the op-level plan (where ``plan_keeps``: it keeps something, within the
-    room by its own prediction) and unchecked blocks within ``room`` bytes (``unchecked_blocks``), for a
-    pass that runs ``blocks[kind]`` blocks of each kind ``runs`` times."""
+    room by its own prediction) and unchecked blocks within ``room`` bytes and ``credit``
+    (``unchecked_blocks``), for a pass that runs ``blocks[kind]`` blocks of each kind ``runs`` times."""
     def seconds(unchecked: Mapping[str, int], plan: bool) -> float:
         total = 0.0
         for kind, n in blocks.items():
@@ -75,7 +93,7 @@ def eager_choice(trials: Mapping[str, EagerTrials], blocks: Mapping[str, int], r
         return runs * total
 
     best = EagerChoice("full", {}, 0, seconds({}, False))
-    unchecked = unchecked_blocks(trials, blocks, runs, room)
+    unchecked = unchecked_blocks(trials, blocks, runs, room, credit)
     candidates = []
     if plan_keeps:
         candidates.append(EagerChoice("plan", {}, 0, seconds({}, True)))

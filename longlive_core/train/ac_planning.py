@@ -51,7 +51,7 @@ from longlive_core.distributed.ac_budget import (
     memory_limit,
     plan_target,
 )
-from longlive_core.distributed.ac_eager import EagerTrials, eager_choice
+from longlive_core.distributed.ac_eager import EagerTrials, eager_choice, unchecked_credit
 from longlive_core.distributed.ac_plan import MEASURED_TIE, ACPlan, BlockProfile, measured_plans, plan_blocks, priced_ns
 from longlive_core.distributed.ac_profile import PLAIN, block_trial, profile_block
 from longlive_core.models.rope import rope_cos_sin
@@ -277,16 +277,20 @@ def eager_trials(probes: Mapping[str, torch.nn.Module], args: tuple, plans: Mapp
 
 
 def eager_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], blocks: Mapping[str, int], runs: int,
-                parts: dict[str, int], room: int, trials: Mapping[str, EagerTrials], absorbed: int = 0) -> dict:
+                parts: dict[str, int], room: int, trials: Mapping[str, EagerTrials], absorbed: int = 0,
+                head: int = 0) -> dict:
     """``plan_entry`` of an eager pass run the fastest measured way (``ac_eager.eager_choice``): ``plans``
     as planned for the pass's ``room`` (the limit less the floor, ``absorbed`` given back), ``blocks`` of
-    each kind in a model, each run ``runs`` times."""
+    each kind in a model, each run ``runs`` times; ``head``: the bytes the head's backward adds."""
     counts = {k: runs * n for k, n in blocks.items()}
     kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
-    choice = eager_choice(trials, blocks, runs, room, plan_keeps=kept > 0)
+    credit = unchecked_credit(trials, max(p.transient_bytes for p in profiles.values()), parts["transient"], head)
+    choice = eager_choice(trials, blocks, runs, room, plan_keeps=kept > 0, credit=credit)
     if choice.how != "plan":  # full or unchecked: what the other blocks keep is nothing
         plans = {k: dataclasses.replace(p, saved=(), saved_bytes=0, recompute_s=p.forward_s) for k, p in plans.items()}
         kept = choice.kept
+    if choice.how == "unchecked":  # the last unchecked block's activations fill the floor's transient
+        absorbed += credit
     entry = plan_entry(profiles, plans, counts, parts, kept, absorbed, measured_s=choice.seconds)
     entry["recompute_s"] = runs * sum((blocks[k] - choice.unchecked.get(k, 0)) * p.recompute_s
                                       for k, p in plans.items())  # unchecked: none
@@ -477,7 +481,8 @@ class WindowPlanner:
                 kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
                 if self.measures():  # eager on CUDA: the fastest of full, the plan and unchecked blocks
                     eager = eager_entry(profiles, plans, counts, 1, {**parts, "transient": transient}, room,
-                                        eager_trials(self.budget.probes, args, plans, self.device), absorbed)
+                                        eager_trials(self.budget.probes, args, plans, self.device), absorbed,
+                                        outside.head_bytes)
         parts["transient"] = transient
         # rank 0's plans on every rank (the ranks' own memory can differ by a shard's padding): one compiled
         # partition around the collectives, and a rerun's cached plans are the first run's
