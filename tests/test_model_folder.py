@@ -96,6 +96,11 @@ def test_a_truncated_config_is_one_clear_error(tmp_path):
         read_folder(tmp_path, "train_ar")
     with pytest.raises(CheckpointError, match="is missing: run train_ar first"):
         read_folder(tmp_path / "nowhere", "train_ar")
+    # a folder a user named (`longlive generate --model`): no stage to name, what a model folder is instead
+    with pytest.raises(CheckpointError, match="nowhere is not a model folder .*give the folder that holds config.json"):
+        read_folder(tmp_path / "nowhere")
+    with pytest.raises(CheckpointError, match="the folder is damaged; make it again, or copy the folder again"):
+        read_folder(tmp_path)
 
 
 def test_the_identity_is_the_weights_and_how_they_run_never_the_lineage(tmp_path):

@@ -170,16 +170,20 @@ def _v2_to_v3(raw: dict[str, Any]) -> dict[str, Any]:
 _MIGRATIONS = {1: _v1_to_v2, 2: _v2_to_v3}  # version -> the function that makes it the next one
 
 
-def read_folder(directory: str | Path, made_by: str = "the stage that makes it") -> DiTFolder | AdapterFolder:
+def read_folder(directory: str | Path, made_by: str | None = None) -> DiTFolder | AdapterFolder:
     """The typed config.json of a model folder; ``made_by`` names the stage that writes it, for the
-    message when it is missing."""
+    message when it is missing (None: a folder a user named, which any of them may have written)."""
     path = Path(directory) / CONFIG
+    remake = f"rerun {made_by}" if made_by else "make it again"
     if not path.is_file():
-        raise CheckpointError(f"{path} is missing: run {made_by} first (dvc repro {made_by})")
+        if made_by:
+            raise CheckpointError(f"{path} is missing: run {made_by} first (dvc repro {made_by})")
+        raise CheckpointError(f"{path} is missing: {directory} is not a model folder (train_ar, distill_dmd and "
+                              "merge_w4a4 write them, package bundles them); give the folder that holds config.json")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not readable JSON ({exc}): the folder is damaged; rerun {made_by}, or "
+        raise CheckpointError(f"{path} is not readable JSON ({exc}): the folder is damaged; {remake}, or "
                               "copy the folder again") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path} must hold a JSON object")
@@ -196,11 +200,11 @@ def read_folder(directory: str | Path, made_by: str = "the stage that makes it")
     try:
         return from_mapping(cls, raw, "config")
     except ConfigError as exc:  # "config.<field>...": the field, in the file named first
-        raise CheckpointError(f"{path}: {exc}; the folder is damaged or not a model folder: rerun {made_by}, or "
+        raise CheckpointError(f"{path}: {exc}; the folder is damaged or not a model folder: {remake}, or "
                               "copy the folder again") from None
 
 
-def read_dit_folder(directory: str | Path, made_by: str = "the stage that makes it") -> DiTFolder:
+def read_dit_folder(directory: str | Path, made_by: str | None = None) -> DiTFolder:
     folder = read_folder(directory, made_by)
     if not isinstance(folder, DiTFolder):
         raise CheckpointError(f"{Path(directory) / CONFIG} is a {folder.format} folder (an adapter), not a model "
