@@ -51,11 +51,11 @@ def test_the_last_unchecked_block_fills_the_floors_transient():
     from longlive_core.distributed.ac_eager import unchecked_credit
 
     t = {"a": EagerTrials(full_s=1.0, plan_s=1.0, unchecked_s=0.6, unchecked_kept=100)}
-    assert unchecked_credit(t, block_transient=150, transient=150, head=0) == 100
-    assert unchecked_credit(t, block_transient=150, transient=150, head=90) == 60  # the head's copies need 90
-    assert unchecked_credit(t, block_transient=150, transient=200, head=0) == 0  # another pass's transient
+    assert unchecked_credit(t, block_transient=150, transient=150, on_top=0) == 100
+    assert unchecked_credit(t, block_transient=150, transient=150, on_top=90) == 60  # the head's copies need 90
+    assert unchecked_credit(t, block_transient=150, transient=200, on_top=0) == 0  # another pass's transient
     two = {**t, "b": EagerTrials(1.0, 1.0, 0.6, 100)}
-    assert unchecked_credit(two, block_transient=150, transient=150, head=0) == 0  # which block runs last?
+    assert unchecked_credit(two, block_transient=150, transient=150, on_top=0) == 0  # which block runs last?
     assert unchecked_blocks(t, {"a": 4}, runs=1, room=250, credit=100) == {"a": 3}
     assert unchecked_blocks(t, {"a": 4}, runs=2, room=250, credit=100) == {"a": 1}  # 350 holds one block run twice
     choice = eager_choice(t, {"a": 4}, 1, 250, plan_keeps=False, credit=100)
@@ -71,8 +71,13 @@ def test_an_unchecked_passs_predicted_peak_counts_its_last_block_once():
     plans = {"a": ACPlan((), 0, 1e-3, 1e-3, 0)}
     trials = {"a": EagerTrials(full_s=1.0, plan_s=1.0, unchecked_s=0.6, unchecked_kept=100)}
     parts = {"static": 1000, "transient": 150}
-    entry = eager_entry(profiles, plans, {"a": 4}, 1, parts, 250, trials, head=20)
+    entry = eager_entry(profiles, plans, {"a": 4}, 1, parts, 250, trials, on_top=20)
     assert entry["unchecked"] == {"a": 3} and entry["kept"] == 300
     assert entry["predicted_peak"] == 1150 + 300 - 100  # the floor and two blocks' activations beyond it
-    # the head's backward, with every unchecked block's activations held, fits under it
-    assert entry["predicted_peak"] >= 1000 + 300 + 20
+    # a head's backward of 90 over every unchecked block's activations: the credit shrinks to 60, and the
+    # predicted peak is exactly that moment's
+    entry = eager_entry(profiles, plans, {"a": 4}, 1, parts, 250, trials, on_top=90)
+    assert entry["unchecked"] == {"a": 3} and entry["predicted_peak"] == 1000 + 300 + 90
+    # another pass's transient is the floor's (distill_dmd's generator under the scores' forwards): no credit
+    entry = eager_entry(profiles, plans, {"a": 4}, 1, {"static": 1000, "transient": 400}, 250, trials)
+    assert entry["unchecked"] == {"a": 2} and entry["predicted_peak"] == 1400 + 200

@@ -31,13 +31,14 @@ def twice(step) -> None:
         step()
 
 
-@pytest.mark.parametrize("kind", ["nvfp4", "fp8"])
-def test_a_quantized_kv_cache_writes_and_reads_without_a_host_sync_on_the_gpu(kind):
+@pytest.mark.parametrize("quant", [{"format": "nvfp4", "four_over_six": "mse"},  # production's
+                                   {"format": "nvfp4"}, {"format": "fp8"}])
+def test_a_quantized_kv_cache_writes_and_reads_without_a_host_sync_on_the_gpu(quant):
     from longlive_core.infer.kv_cache import KVCache
     from longlive_core.infer.kv_quant import KVQuantConfig
 
     torch.manual_seed(0)
-    cache = KVCache(2, 16, window=6, quant=KVQuantConfig(format=kind))
+    cache = KVCache(2, 16, window=6, quant=KVQuantConfig(**quant))
 
     def chunk() -> None:  # a write pass of 2 frames over both layers: each reads the window, then appends
         with cache.write(2):
@@ -68,8 +69,10 @@ def test_the_packed_w4a4_linear_runs_forward_and_backward_without_a_host_sync_on
     layer = PackedNVFP4Linear.from_linear(nn.Linear(256, 128).cuda().bfloat16(), rtn)
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     twice(lambda: layer(x).float().square().sum().backward())
-    with torch.no_grad():
-        twice(lambda: layer(x))
+    with torch.no_grad():  # the operator a compiled inference graph calls
+        twice(lambda: torch.ops.longlive.packed_nvfp4_linear(
+            x, layer.weight_packed, layer.weight_scale, layer.weight_global_scale, layer.bias,
+            rtn.four_over_six, rtn.backend, None))
 
 
 def test_the_fp8_linear_runs_without_a_host_sync_on_the_gpu():

@@ -155,7 +155,6 @@ class DistillPlanner:
         generator_outside = OutsideBlocks(self.chunk * tokens_per_frame, dim, item, passes=g)
         counts = self.pass_counts
         runs = {"critic": 1, "generator": g}
-        heads = {"critic": critic_outside.head_bytes, "generator": generator_outside.head_bytes}
         for probe in self.budget.probes.values():
             probe.to(self.device)
         try:
@@ -182,6 +181,10 @@ class DistillPlanner:
                         cfg.latent_frames // self.chunk - 1, self.chunk * tokens_per_frame,
                         None if cfg.window is None else cfg.window * tokens_per_frame),
                     "transient": max(p.transient_bytes for p in [*critic.values(), *generator.values()])})}
+            # what runs while every kept activation of a pass is held: the critic's head's backward; over the
+            # generator's, the scores' forwards (no gradient, so at most a critic block's forward and backward)
+            on_top = {"critic": critic_outside.head_bytes,
+                      "generator": max(generator_outside.head_bytes, *(p.transient_bytes for p in critic.values()))}
             out = {}
             for name, (profiles, pass_counts, parts) in passes.items():
                 room = self.target - sum(parts.values())
@@ -189,7 +192,7 @@ class DistillPlanner:
                 if self.measures():  # the fastest of full, the plan and unchecked blocks; its inputs freed after
                     trials = eager_trials(self.budget.probes, args.pop(name), plans, self.device)
                     out[name] = eager_entry(profiles, plans, self.counts, runs[name], parts, room, trials,
-                                            head=heads[name])
+                                            on_top=on_top[name])
                 else:  # no trials: the op-level plans as the profile prices them
                     out[name] = plan_entry(profiles, plans, pass_counts, parts,
                                            sum(pass_counts[k] * plans[k].saved_bytes for k in plans))

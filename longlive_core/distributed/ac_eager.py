@@ -10,9 +10,9 @@ the GPU busy that is the pass's time (on an H100, distill_dmd's generator pass w
 ran slower than ``full``, bench/RESULTS.md). An unchecked block pays no such cost and spares its
 whole recomputation, for every byte it keeps. So a pass takes the fastest of the three as its blocks
 measured them, a candidate kept only where it is faster than ``full`` by more than ``ac_plan.MEASURED_TIE``.
-Unchecked blocks fill the room above the floor, less what the last of them keeps where the floor's
-transient is its own forward and backward (``unchecked_credit``): counted twice, the H100's critic pass
-predicted its peak 10 GiB high (bench/RESULTS.md).
+Unchecked blocks fill the room above the floor and one block run more where the floor's transient is
+that block's own forward and backward (``unchecked_credit``): counted twice, the last one's activations
+made the H100's critic pass predict its peak 10 GiB high (bench/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -66,18 +66,19 @@ def unchecked_blocks(trials: Mapping[str, EagerTrials], blocks: Mapping[str, int
     return out
 
 
-def unchecked_credit(trials: Mapping[str, EagerTrials], block_transient: int, transient: int, head: int) -> int:
+def unchecked_credit(trials: Mapping[str, EagerTrials], block_transient: int, transient: int, on_top: int) -> int:
     """The bytes of a pass's floor that its unchecked blocks' activations take the place of. The floor
-    holds one block's forward and backward at once (``transient``); the last unchecked block's backward
-    is that transient with its own kept activations in it, and the checkpointed blocks' come after every
-    unchecked block's activations are freed. So with one kind of block, and the floor's transient that
-    block's own (``block_transient``: not a head's, not another pass's), one run of a block keeps nothing
-    beyond the floor, as long as the head's backward (``head`` bytes, run while every unchecked block's
-    activations are held) still fits under the rest of the transient. 0 otherwise."""
+    holds one block's forward and backward at once (``transient``). A run of the pass's blocks leaves its
+    last ones unchecked, so its backward begins with them: the last one's backward is that transient with
+    its own kept activations in it, and the run's checkpointed blocks recompute after its unchecked ones
+    are freed (earlier runs' stay held, as counted). So with one kind of block, and the floor's transient
+    that block's own (``block_transient``: not another pass's), one block run keeps nothing beyond the
+    floor, as long as what runs on top of every unchecked block's activations (``on_top`` bytes: a head's
+    backward, other models' forwards) still fits under the rest of the transient. 0 otherwise."""
     if len(trials) != 1 or transient > block_transient:
         return 0
     (t,) = trials.values()
-    return max(0, min(t.unchecked_kept, transient - head))
+    return max(0, min(t.unchecked_kept, transient - on_top))
 
 
 def eager_choice(trials: Mapping[str, EagerTrials], blocks: Mapping[str, int], runs: int, room: int,

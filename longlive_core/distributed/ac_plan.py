@@ -59,8 +59,9 @@ MEASURED_TIE = 0.01  # measured times within this share of each other are a tie:
 # no longer beside a block's transient; 7: profiled with the caption and modulation needing gradients only
 # where the step's do; 8: compiled plans swap; 9: measured plans reach past the rounds; 10: measured plans
 # chosen, and compared with smaller limits', by their measured time; 11: eager plans measured against plain
-# checkpointing and unchecked blocks): cached ones are then not read
-FORMAT = 11
+# checkpointing and unchecked blocks; 12: an eager pass's last unchecked block counted once): cached ones are
+# then not read
+FORMAT = 12
 
 
 def _ns(seconds: float) -> int:

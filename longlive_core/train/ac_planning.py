@@ -278,13 +278,14 @@ def eager_trials(probes: Mapping[str, torch.nn.Module], args: tuple, plans: Mapp
 
 def eager_entry(profiles: dict[str, BlockProfile], plans: dict[str, ACPlan], blocks: Mapping[str, int], runs: int,
                 parts: dict[str, int], room: int, trials: Mapping[str, EagerTrials], absorbed: int = 0,
-                head: int = 0) -> dict:
+                on_top: int = 0) -> dict:
     """``plan_entry`` of an eager pass run the fastest measured way (``ac_eager.eager_choice``): ``plans``
     as planned for the pass's ``room`` (the limit less the floor, ``absorbed`` given back), ``blocks`` of
-    each kind in a model, each run ``runs`` times; ``head``: the bytes the head's backward adds."""
+    each kind in a model, each run ``runs`` times; ``on_top``: the most the step adds while every kept
+    activation is held (a head's backward; ``ac_eager.unchecked_credit``)."""
     counts = {k: runs * n for k, n in blocks.items()}
     kept = sum(counts[k] * plans[k].saved_bytes for k in plans)
-    credit = unchecked_credit(trials, max(p.transient_bytes for p in profiles.values()), parts["transient"], head)
+    credit = unchecked_credit(trials, max(p.transient_bytes for p in profiles.values()), parts["transient"], on_top)
     choice = eager_choice(trials, blocks, runs, room, plan_keeps=kept > 0, credit=credit)
     if choice.how != "plan":  # full or unchecked: what the other blocks keep is nothing
         plans = {k: dataclasses.replace(p, saved=(), saved_bytes=0, recompute_s=p.forward_s) for k, p in plans.items()}
