@@ -216,3 +216,17 @@ def test_four_over_six_beats_plain_nvfp4_on_data_with_outliers():
 def test_decode_table():
     codes = torch.arange(16, dtype=torch.uint8)
     assert decode_e2m1(codes).tolist() == [*E2M1_VALUES, *(-v for v in E2M1_VALUES)]
+
+
+def test_a_device_constant_is_made_once_and_serves_autograd_whatever_mode_asked_first():
+    from longlive_core.quant.constants import device_constant
+
+    values = (0.25, -0.5, 4.0)
+    with torch.inference_mode():  # e.g. a video generated before a training step in one process
+        first = device_constant(values, torch.device("cpu"))
+    assert not first.is_inference() and first.tolist() == list(values)
+    assert device_constant(values, "cpu") is first  # the host copies it once
+    x = torch.ones(3, requires_grad=True)
+    (x * first).sum().backward()  # autograd saves it for the backward
+    assert x.grad.tolist() == list(values)
+    assert device_constant(values, "cpu", torch.float64).dtype == torch.float64

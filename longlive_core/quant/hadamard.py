@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from longlive_core.devices import device_constant
+from longlive_core.quant.constants import device_constant
 
 SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 BLOCK = 16

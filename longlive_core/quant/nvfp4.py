@@ -37,7 +37,7 @@ from typing import Literal
 
 import torch
 
-from longlive_core.devices import device_constant
+from longlive_core.quant.constants import device_constant
 from longlive_core.quant.hadamard import inverse_rht as undo_rht  # dequantize's flag has the function's name
 from longlive_core.quant.hadamard import rht as apply_rht
 

@@ -29,7 +29,8 @@ import os
 
 import torch
 
-from longlive_core.devices import device_constant, made_current
+from longlive_core.devices import made_current
+from longlive_core.quant.constants import device_constant
 from longlive_core.quant.hadamard import SIGNS
 from longlive_core.quant.nvfp4 import (
     BLOCK,
