@@ -15,8 +15,8 @@
 #   bash bench/tools/generate_round.sh fp8_layers            # ~2 min: cuDNN FP8 attention's error layer by layer,
 #                                                           # then layer 1's accumulator modelled on the CPU
 #   bash bench/tools/generate_round.sh dmd                   # ~6 min: distill_dmd's budget plans against full and none
-#   bash bench/tools/generate_round.sh dmd16                 # ~4 min: production's limit at 16 blocks (distill_dmd's rate)
-#   bash bench/tools/generate_round.sh train16_nvfp4         # ~9 min, a call of its own: the same for train_ar (NVFP4)
+#   bash bench/tools/generate_round.sh dmd16                 # ~5 min: production's limit at 16 blocks (distill_dmd's rate)
+#   bash bench/tools/generate_round.sh train16_nvfp4         # ~5 min (on an H100), a call of its own: the same for train_ar (NVFP4)
 #   bash bench/tools/generate_round.sh dmd_memory            # ~2 min: what distill_dmd's full iteration holds at its peak
 #   bash bench/tools/generate_round.sh vae_profile           # ~3 min: where the compiled decoder's time goes
 #   bash bench/tools/generate_round.sh vae_sp                # ~8 min: sub-pixel upsampling, with 1, 2 and 4 frames a call

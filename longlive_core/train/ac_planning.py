@@ -483,7 +483,7 @@ class WindowPlanner:
                 if self.measures():  # eager on CUDA: the fastest of full, the plan and unchecked blocks
                     eager = eager_entry(profiles, plans, counts, 1, {**parts, "transient": transient}, room,
                                         eager_trials(self.budget.probes, args, plans, self.device), absorbed,
-                                        outside.head_bytes)
+                                        on_top=outside.head_bytes)
         parts["transient"] = transient
         # rank 0's plans on every rank (the ranks' own memory can differ by a shard's padding): one compiled
         # partition around the collectives, and a rerun's cached plans are the first run's
