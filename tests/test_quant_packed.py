@@ -1,6 +1,8 @@
 """The packed frozen NVFP4 linear (W4A4): the same forward as the training layer on the weight it was
-packed from, an input gradient through the NVFP4 dgrad, a quarter of BF16's bytes, and peft's LoRA
-training on top of a packed model."""
+packed from, an input gradient through the NVFP4 dgrad, a quarter of BF16's bytes, peft's LoRA
+training on top of a packed model, and the Triton decode of its weight bit for bit as torch's (on the
+CPU under Triton's interpreter, on a GPU at the 5B's widest linear). No conftest import: the GPU image
+runs this file with --noconftest."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +15,8 @@ from torch import nn
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
 from longlive_core.quant import RECIPES, NVFP4Linear, convert_linears
-from longlive_core.quant.packed import PackedNVFP4Linear
+from longlive_core.quant.packed import PackedNVFP4Linear, weight_operand
+from tests.test_infer_kv_attention import in_the_interpreter
 
 
 @pytest.mark.parametrize("recipe", ["nvfp4", "nvfp4-4over6"])
@@ -69,3 +72,35 @@ def test_compiled_inference_calls_the_packed_linear_as_one_operator():
             assert torch.equal(compiled(x), packed(x))
     graph = torch._dynamo.explain(packed)(x).graphs[0]
     assert any("packed_nvfp4_linear" in str(node.target) for node in graph.graph.nodes)
+
+
+def decode_matches(device: str, rows: int = 37, cols: int = 784) -> bool:
+    """The weight's partial operand from the Triton kernel against the torch path, bit for bit (signed
+    zeros included): every code under every non-negative finite E4M3 scale byte (one block a byte; a
+    block's scale is its amax over S_enc, never negative), then random codes and scales in a shape that
+    is no multiple of the kernel's tile."""
+    every_code = torch.tensor([(2 * i) | ((2 * i + 1) << 4) for i in range(8)], dtype=torch.uint8)  # codes 0..15
+    finite = torch.arange(0x7F, dtype=torch.uint8)  # 0x7F is NaN; bit 7 the sign
+    g = torch.Generator().manual_seed(0)
+    random_scales = torch.randint(0, 0x7F, (rows, cols // 16), generator=g, dtype=torch.uint8)
+    cases = [(every_code.repeat(len(finite), 1), finite[:, None]),
+             (torch.randint(0, 256, (rows, cols // 2), generator=g, dtype=torch.uint8), random_scales)]
+    for packed, scale in cases:
+        packed, scale = packed.to(device), scale.to(device).view(torch.float8_e4m3fn)
+        shape, one = (packed.shape[0], 2 * packed.shape[1]), torch.ones(1, device=device)
+        kernel, dec = weight_operand(packed, scale, one, shape, backend="triton")
+        reference, ref_dec = weight_operand(packed, scale, one, shape, backend="torch")
+        assert kernel.dtype == torch.bfloat16 and torch.equal(dec, ref_dec)
+        if not torch.equal(kernel.view(torch.int16), reference.view(torch.int16)):
+            return False
+    return True
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU test below runs the kernel itself")
+def test_the_weight_decode_kernel_is_torchs_bit_for_bit_in_the_interpreter():
+    in_the_interpreter("from tests.test_quant_packed import decode_matches; assert decode_matches('cpu')")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+def test_the_weight_decode_kernel_is_torchs_bit_for_bit_on_the_gpu():
+    assert decode_matches("cuda", rows=14336, cols=3072)  # the FFN's first linear

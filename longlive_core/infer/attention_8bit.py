@@ -48,7 +48,8 @@ def int8_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 if triton is not None:
-    from longlive_core.infer.kv_attention import _bf16, _dot, _e4m3
+    from longlive_core.infer.kv_attention import _bf16, _dot
+    from longlive_core.quant.nvfp4_decode import _e4m3
     from longlive_core.quant.triton_kernels import _HW_ROUND, _f32, _round_e4m3
 
     @triton.jit

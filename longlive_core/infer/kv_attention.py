@@ -51,6 +51,7 @@ if triton is not None:
     # Triton's CPU interpreter multiplies bfloat16 tiles as their raw bits and truncates its casts to
     # bfloat16: there the operands are float32 tiles holding the bfloat16 values, rounded to nearest as
     # the GPU's convert rounds (quant/triton_kernels.py's helpers)
+    from longlive_core.quant.nvfp4_decode import _e2m1_times, _e4m3
     from longlive_core.quant.triton_kernels import _HW_ROUND, _f32, _round_bf16
 
     @triton.jit
@@ -69,16 +70,6 @@ if triton is not None:
         else:
             out = tl.dot(_f32(a), _f32(b))
         return out
-
-    @triton.jit
-    def _e4m3(b):
-        """An E4M3 byte (int32, 0..255; the cache's scales hold no NaN) as float32, exactly: the power
-        of two is built from its bits, not by exp2."""
-        e = (b >> 3) & 15
-        m = (b & 7).to(tl.float32)
-        power = ((e + 120) << 23).to(tl.float32, bitcast=True)  # 2^(e - 7) for e >= 1
-        mag = tl.where(e == 0, m * 0.001953125, (1.0 + m * 0.125) * power)
-        return tl.where((b & 128) != 0, -mag, mag)
 
     @triton.jit
     def _e4m3_converted(b, CONVERT: tl.constexpr):
@@ -106,23 +97,6 @@ if triton is not None:
         lo = _e2m1_times(c & 15, q0, q1)
         hi = _e2m1_times(c >> 4, q0, q1)
         return _bf16(tl.reshape(tl.join(lo, hi), (BN, D)))
-
-    @triton.jit
-    def _e2m1_times(n, q0, q1):
-        """An E2M1 code ``n`` (int32, 0..15: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives) times its
-        block's factor F (S / S_enc in the window kernel, S x G in the fused read), given q0 = F and
-        q1 = 1.5 F (float32, each rounded once from the exact value). A nonzero code's magnitude is 1 or
-        1.5 times a power of two 2^k (0.5 = 2^-1, 3 = 1.5 x 2^1; 2^k's exponent field is
-        126 + (n & 6) / 2), and scaling by a power of two commutes with rounding, so 2^k q is code x F
-        rounded once (below float32's normal range, 1.2e-38, the product's own rounding could differ in
-        the last bit). The sign is the code's bit 3, set on the result's bits: a few integer operations
-        and one multiply an element, where a division an element took ten instructions and a slow path,
-        and decoding the code to a float a dozen more."""
-        magnitude = n & 7
-        q = tl.where(((n & 1) != 0) & (magnitude > 1), q1, q0)
-        power = (((n & 6) << 22) + 0x3F000000).to(tl.float32, bitcast=True)
-        x = tl.where(magnitude == 0, 0.0, q * power)
-        return (x.to(tl.int32, bitcast=True) ^ ((n & 8) << 28)).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _dequantize_rows(C, S, E, Out, N, row0, out_tokens, D: tl.constexpr, BN: tl.constexpr):

@@ -16,18 +16,23 @@ from torch import nn
 
 from longlive_core.quant.gemm import emulated_mm, quantize_partial
 from longlive_core.quant.linear import NVFP4Recipe, amaxes_over_group
-from longlive_core.quant.nvfp4 import BLOCK, decode_e2m1, quantize_nvfp4, unpack_codes
+from longlive_core.quant.nvfp4 import BLOCK, Backend, decode_e2m1, default_backend, quantize_nvfp4, unpack_codes
+from longlive_core.quant.nvfp4_decode import partial_operand
 
 
-def weight_operand(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, shape: tuple[int, int]
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def weight_operand(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, shape: tuple[int, int],
+                   backend: Backend = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(E2M1 values x block scales in bfloat16, exact; the decode scale 1 / S_enc): a GEMM's partial operand
-    and its scale, from the packed codes, the E4M3 block scales and the encode scale S_enc."""
+    and its scale, from the packed codes, the E4M3 block scales and the encode scale S_enc. The Triton
+    path (``nvfp4_decode.partial_operand``) gives the same bits in one kernel."""
     m, k = shape
-    values = decode_e2m1(unpack_codes(packed)).view(m, k // BLOCK, BLOCK)
-    part = (values * scale.float()[..., None]).view(m, k)
+    if (backend or default_backend(packed)) == "triton":
+        part = partial_operand(packed, scale)
+    else:
+        values = decode_e2m1(unpack_codes(packed)).view(m, k // BLOCK, BLOCK)
+        part = (values * scale.float()[..., None]).view(m, k).to(torch.bfloat16)
     s_enc = global_scale.float().reshape(())
-    return part.to(torch.bfloat16), torch.ones_like(s_enc) / s_enc
+    return part, torch.ones_like(s_enc) / s_enc
 
 
 def _forward(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
@@ -36,7 +41,7 @@ def _forward(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, global_
     """The W4A4 product: x quantized in 1x16 blocks (``amax``: its global amax where already known),
     times the weight decoded from its codes, through the emulated GEMM."""
     x2 = x.reshape(-1, x.shape[-1])
-    wp, wd = weight_operand(packed, scale, global_scale, (packed.shape[0], packed.shape[1] * 2))
+    wp, wd = weight_operand(packed, scale, global_scale, (packed.shape[0], packed.shape[1] * 2), backend)
     xp, alpha = quantize_partial(x2, (1, BLOCK), four_over_six=four_over_six, backend=backend, amax=amax, times=wd)
     return emulated_mm(xp, alpha, wp.t(), None, bias, x.dtype).view(*x.shape[:-1], wp.shape[0])
 
@@ -111,7 +116,7 @@ class PackedNVFP4Linear(nn.Linear):
 
     def weight_operand(self) -> tuple[torch.Tensor, torch.Tensor]:
         return weight_operand(self.weight_packed, self.weight_scale, self.weight_global_scale,
-                              (self.out_features, self.in_features))
+                              (self.out_features, self.in_features), self.recipe.backend)
 
     @property
     def weight(self) -> torch.Tensor:  # type: ignore[override]
