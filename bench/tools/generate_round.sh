@@ -10,7 +10,7 @@
 #   bash bench/tools/generate_round.sh make parity           # ~6 min: the NVFP4 KV cache against BF16's, twice each
 #   bash bench/tools/generate_round.sh make fp8_attention    # ~6 min: cuDNN FP8 attention in generate, BF16 and FP8 linears
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
-#   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption   # gpu_tests ~1.5 min
+#   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption   # gpu_tests ~2 min
 #   bash bench/tools/generate_round.sh gpu_quant_tests       # ~4.5 min: the quantize kernels against torch, every variant
 #   bash bench/tools/generate_round.sh fp8_layers            # ~2 min: cuDNN FP8 attention's error layer by layer,
 #                                                           # then layer 1's accumulator modelled on the CPU
