@@ -464,6 +464,11 @@ def test_plans_are_cached_reused_and_made_for_a_new_window_length(tmp_path, two_
     shorter.planner.use(2)  # a window first seen mid-run (one rank): planned when it comes
     assert profiled[5:] == [2] and shorter.budget._saved == {k: frozenset(p.saved)
                                                               for k, p in shorter.budget.plans[2].items()}
+    # the trainer's code is part of the key (a kernel that keeps or takes more would outgrow a cached plan)
+    digests = []
+    monkeypatch.setattr(ac_planning, "code_digest", lambda module: digests.append(module) or "edited")
+    budget_trainer(two_lengths, tmp_path / "f", plans)
+    assert profiled[6:] == [4, 8] and set(digests) == {"longlive_core.train.trainer"}
 
 
 def test_a_limit_whose_own_plans_recompute_more_runs_a_smaller_limits_cached_ones(tmp_path, two_lengths, gloo_world,

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from longlive_core.infer.rollout import RolloutConfig, rollout
 from longlive_core.models.checkpoint import load_dit
 from longlive_core.models.config import DIT_CONFIGS
+from longlive_core.tracking.lineage import code_digest
 from longlive_core.train.data import generator_for
 
 from .conftest import launch_worker, run_worker_here
@@ -121,6 +122,9 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
             assert budget[f"ac_floor_gib_{name}"] < budget[f"ac_predicted_peak_gib_{name}"]
             assert budget[f"ac_saved_matched_{name}"] == 1.0, (run, name)
     assert len(list((tmp_path / "plans").glob("*.json"))) == 2  # one entry per configuration
+    # keyed by the code the trainer runs: a kernel change makes the plans again
+    code = code_digest("longlive_core.distill.trainer")
+    assert all(json.loads(p.read_text())["key"]["code"] == code for p in (tmp_path / "plans").glob("*.json"))
     unchecked = runs["f32-unchecked"]["summary"]
     for name in ("critic", "generator"):  # every block of the tiny model unchecked, no op-level plan
         assert unchecked[f"ac_unchecked_blocks_{name}"] == 2 and unchecked[f"ac_op_level_{name}"] == 0.0

@@ -129,7 +129,8 @@ class DistillPlanner:
 
     def _key(self) -> dict:
         cfg = self.cfg
-        return {**run_key(self.model, self.memory, self.target, self.device, self.dtype),
+        return {**run_key(self.model, self.memory, self.target, self.device, self.dtype,
+                          "longlive_core.distill.trainer"),
                 "stage": "distill_dmd", "kinds": dict(sorted(self.counts.items())),
                 "latent_frames": cfg.latent_frames, "grad_frames": cfg.grad_frames, "window": cfg.window,
                 "chunk": self.chunk, "grid": list(self.grid), "text_tokens": self.text_tokens,

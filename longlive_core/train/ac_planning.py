@@ -56,6 +56,7 @@ from longlive_core.distributed.ac_plan import MEASURED_TIE, ACPlan, BlockProfile
 from longlive_core.distributed.ac_profile import PLAIN, block_trial, profile_block
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
+from longlive_core.tracking.lineage import code_digest
 from longlive_core.train.checkpointing import agree
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.layout import TeacherForcingLayout
@@ -99,11 +100,15 @@ def step_memory(model: WanDiT, optimizer: torch.optim.Optimizer, ema: dict[str, 
     return StepMemory(resident, grads, 0 if optimizer.state else 2 * grads, fsdp_bytes(model, dtype))
 
 
-def run_key(model: WanDiT, memory: StepMemory, target: int, device: torch.device, dtype: torch.dtype) -> dict:
+def run_key(model: WanDiT, memory: StepMemory, target: int, device: torch.device, dtype: torch.dtype,
+            trainer: str) -> dict:
     """What every trainer's plans depend on beside its shapes: the model, the step's memory, the target, the
-    device, the dtype and torch (whose kernels the profile prices)."""
+    device, the dtype, and the kernels the profile prices: torch's and the code the trainer runs (``trainer``:
+    its module; comments and docstrings aside), so a plan cached before a kernel changed what it takes or
+    keeps is made again. The cache outlives runs and checkouts ($XDG_CACHE_HOME)."""
     return {"dit": dataclasses.asdict(model.cfg), "dtype": str(dtype), "torch": torch.__version__, "limit": target,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "code": code_digest(trainer),
             # what is measured resident varies a little between runs of the same config
             "memory": [memory.resident // 2**26, memory.grads, memory.optimizer, memory.fsdp]}
 
@@ -406,7 +411,7 @@ class WindowPlanner:
 
     def _key(self, window: int) -> dict:
         cfg, p = self.cfg, self.cfg.precision
-        return {**run_key(self.model, self.memory, self.target, self.device, self.dtype),
+        return {**run_key(self.model, self.memory, self.target, self.device, self.dtype, "longlive_core.train.trainer"),
                 "kinds": dict(sorted(self.budget.counts.items())),
                 "window": window, "chunk": cfg.chunk_frames, "grid": list(self.grid), "text_tokens": self.text_tokens,
                 "sp": cfg.sp, "world": self.world, "sharding": cfg.parallel.sharding,
