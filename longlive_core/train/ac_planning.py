@@ -56,7 +56,7 @@ from longlive_core.distributed.ac_plan import MEASURED_TIE, ACPlan, BlockProfile
 from longlive_core.distributed.ac_profile import PLAIN, block_trial, profile_block
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
-from longlive_core.tracking.lineage import code_digest
+from longlive_core.tracking.lineage import code_digest, runtime_versions
 from longlive_core.train.checkpointing import agree
 from longlive_core.train.config import TrainARConfig
 from longlive_core.train.layout import TeacherForcingLayout
@@ -103,10 +103,10 @@ def step_memory(model: WanDiT, optimizer: torch.optim.Optimizer, ema: dict[str, 
 def run_key(model: WanDiT, memory: StepMemory, target: int, device: torch.device, dtype: torch.dtype,
             trainer: str) -> dict:
     """What every trainer's plans depend on beside its shapes: the model, the step's memory, the target, the
-    device, the dtype, and the kernels the profile prices: torch's and the code the trainer runs (``trainer``:
-    its module; comments and docstrings aside), so a plan cached before a kernel changed what it takes or
-    keeps is made again. The cache outlives runs and checkouts ($XDG_CACHE_HOME)."""
-    return {"dit": dataclasses.asdict(model.cfg), "dtype": str(dtype), "torch": torch.__version__, "limit": target,
+    device, the dtype, and the kernels the profile prices: torch's, CUDA's, Triton's and the code the trainer
+    runs (``trainer``: its module; comments and docstrings aside), so a plan cached before a kernel changed
+    what it takes or keeps is made again. The cache outlives runs and checkouts ($XDG_CACHE_HOME)."""
+    return {"dit": dataclasses.asdict(model.cfg), "dtype": str(dtype), **runtime_versions(), "limit": target,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "code": code_digest(trainer),
             # what is measured resident varies a little between runs of the same config
