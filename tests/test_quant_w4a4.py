@@ -4,6 +4,7 @@ quantized part."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -60,6 +61,30 @@ def test_saved_and_loaded_bit_for_bit(packed, tmp_path):
         assert torch.equal(fresh.state_dict()[key], value), key
     with torch.no_grad():
         assert torch.equal(fresh(*inputs), model(*inputs))
+
+
+def test_a_w4a4_file_with_misread_tensors_is_refused_at_load_naming_the_layer(packed, tmp_path):
+    """Scales that are not E4M3 (the decode reads their bytes) or a missing scale: the folder is refused when it
+    loads, with the layer and the file, not at the first forward."""
+    from longlive_core.infer.model_folder import load_w4a4
+    from longlive_core.models.weights import CheckpointError
+
+    model, _ = packed
+    state = w4a4_state_dict(model, torch.float32, {name: torch.tensor(1.0) for name in packed_layers(model)})
+    name = next(iter(packed_layers(model)))
+    notes = quantization_config(model, RECIPES["nvfp4"])
+    # what load_w4a4 reads of the folder's config.json
+    config = SimpleNamespace(longlive_quantization=notes["longlive_quantization"], dit_config=DIT_CONFIGS["tiny"])
+    for broken, why in ((lambda s: s[f"{name}.weight_scale"].to(torch.bfloat16), "float8_e4m3fn"),
+                        (None, "weight_scale is missing")):
+        bad = dict(state)
+        if broken is None:
+            del bad[f"{name}.weight_scale"]
+        else:
+            bad[f"{name}.weight_scale"] = broken(bad)
+        save_file(bad, str(tmp_path / "model.safetensors"))
+        with pytest.raises(CheckpointError, match=f"layer {name}: .*{why}.*merge_w4a4"):
+            load_w4a4(tmp_path, config)
 
 
 def test_compressed_tensors_decompresses_our_weights_exactly(packed):

@@ -28,7 +28,11 @@ def load_w4a4(directory: str | Path, config: DiTFolder, device: str | torch.devi
     recipe = dataclasses.replace(recipe_from_notes(config.longlive_quantization), backend=backend)
     with torch.device("meta"):
         model = WanDiT(config.dit_config)
-    load_packed_layers(model, state, recipe)
+    try:
+        load_packed_layers(model, state, recipe)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}; it is not a W4A4 file merge_w4a4 wrote: make it again (dvc repro "
+                              f"merge_w4a4)") from None
     model.load_state_dict({k: v for k, v in state.items() if not k.endswith(".input_global_scale")}, strict=True,
                           assign=True)
     return model.to(device).eval()

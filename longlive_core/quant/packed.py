@@ -100,6 +100,9 @@ class PackedNVFP4Linear(nn.Linear):
         if packed.shape != (out_features, in_features // 2) or scale.shape != (out_features, in_features // BLOCK):
             raise ValueError(f"packed weight {tuple(packed.shape)} / scales {tuple(scale.shape)} do not fit a "
                              f"{out_features}x{in_features} layer")
+        if packed.dtype != torch.uint8 or scale.dtype != torch.float8_e4m3fn:  # the decode reads them as bytes
+            raise ValueError(f"packed weight {packed.dtype} / scales {scale.dtype}: NVFP4 is held as uint8 codes "
+                             f"and float8_e4m3fn block scales")
         new.register_buffer("weight_packed", packed)
         new.register_buffer("weight_scale", scale)
         new.register_buffer("weight_global_scale", global_scale.float().reshape(1))

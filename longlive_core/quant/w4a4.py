@@ -95,9 +95,15 @@ def load_packed_layers(model: nn.Module, state: dict[str, torch.Tensor], recipe:
         if not isinstance(module, nn.Linear) or f"{name}.weight_packed" not in state:
             continue
         bias = state.get(f"{name}.bias")
-        layer = PackedNVFP4Linear.from_packed(module.in_features, module.out_features, state[f"{name}.weight_packed"],
-                                              state[f"{name}.weight_scale"], state[f"{name}.weight_global_scale"],
-                                              None if bias is None else bias.float(), recipe)
+        try:
+            layer = PackedNVFP4Linear.from_packed(module.in_features, module.out_features,
+                                                  state[f"{name}.weight_packed"], state[f"{name}.weight_scale"],
+                                                  state[f"{name}.weight_global_scale"],
+                                                  None if bias is None else bias.float(), recipe)
+        except KeyError as e:
+            raise ValueError(f"layer {name}: {e.args[0]} is missing beside its weight_packed") from None
+        except ValueError as e:
+            raise ValueError(f"layer {name}: {e}") from None
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, layer)
         count += 1
