@@ -85,10 +85,9 @@ def partial_operand(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("the packed weight's decode kernel needs Triton")
     m, half = packed.shape
     k = 2 * half
-    # the scales' bytes are read as E4M3: a scale cast to another dtype (a packed model's .to(bfloat16)) would
-    # be read as other bytes
-    if packed.dtype != torch.uint8 or scale.dtype not in (torch.float8_e4m3fn, torch.uint8) \
-            or scale.shape != (m, k // 16) or k % 16:
+    # the scales' bytes are read as E4M3 (PackedNVFP4Linear's contract): a scale cast to another dtype (a packed
+    # model's .to(bfloat16)) would be read as other bytes
+    if packed.dtype != torch.uint8 or scale.dtype != torch.float8_e4m3fn or scale.shape != (m, k // 16) or k % 16:
         raise ValueError(f"packed codes (M, K/2) uint8 and E4M3 scales (M, K/16), K a multiple of 16; got "
                          f"{tuple(packed.shape)} {packed.dtype} and {tuple(scale.shape)} {scale.dtype}")
     out = torch.empty((m, k), dtype=torch.bfloat16, device=packed.device)
