@@ -126,7 +126,10 @@ def test_the_window_kernel_dequantizes_bit_for_bit_as_torch_in_the_interpreter()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
-def test_the_window_kernel_dequantizes_bit_for_bit_as_torch_on_the_gpu():
+def test_the_window_kernel_dequantizes_bit_for_bit_as_torch_on_the_gpu(monkeypatch):
+    from longlive_core.quant import triton_launch
+
+    monkeypatch.setattr(triton_launch, "VERIFY", True)  # every cached launch (misses, then hits) is Triton's pick
     assert window_matches("cuda", heads=24, dim=128, tokens=(7040, 7040, 7040), own=7040, block_n=64)
 
 
@@ -154,7 +157,10 @@ def test_the_fp8_window_kernel_dequantizes_bit_for_bit_as_torch_in_the_interpret
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
-def test_the_fp8_window_kernel_dequantizes_bit_for_bit_as_torch_on_the_gpu():
+def test_the_fp8_window_kernel_dequantizes_bit_for_bit_as_torch_on_the_gpu(monkeypatch):
+    from longlive_core.quant import triton_launch
+
+    monkeypatch.setattr(triton_launch, "VERIFY", True)  # every cached launch (misses, then hits) is Triton's pick
     assert fp8_window_matches("cuda", heads=24, dim=128, tokens=(7040, 7040, 0, 7040), own=7040, block_n=64)
 
 

@@ -31,6 +31,7 @@ import torch
 from longlive_core.infer.kv_quant import FP8Chunk, QuantizedChunk
 from longlive_core.quant import triton_kernels
 from longlive_core.quant.nvfp4 import BLOCK
+from longlive_core.quant.triton_launch import CachedLaunch
 
 try:
     import triton
@@ -196,6 +197,12 @@ if triton is not None:
         out = acc / l_i[:, None]
         tl.store(Out + bh * M * D + offs_m[:, None] * D + offs_d[None, :], _bf16(out), mask=rows)
 
+    # a window read launches one kernel a cached chunk a layer a pass (2,520 over a 5-chunk video): through
+    # CachedLaunch, not Triton's fn[grid] and its tens of microseconds of host time a launch
+    _rows_launcher = CachedLaunch(_dequantize_rows)
+    _fp8_rows_launcher = CachedLaunch(_dequantize_fp8_rows)
+    _shifted_launcher = CachedLaunch(_shifted_rows)
+
 
 def smoothed(k: torch.Tensor, mean: torch.Tensor | None) -> torch.Tensor:
     """``k`` less the K-smoothing ``mean`` (1, H, 1, D) in float32, back in k's dtype (None: ``k``)."""
@@ -213,9 +220,9 @@ def _place_own(out: torch.Tensor, own: torch.Tensor, shift: torch.Tensor | None,
         raise ValueError(f"the smoothing mean must be (1, {h}, 1, {d}); got {tuple(shift.shape)}")
     own = own if own.stride(-1) == 1 else own.contiguous()
     if m:
-        _shifted_rows[(triton.cdiv(m, block_n), b * h)](own, shift.float().contiguous(), out, m, h, own.stride(0),
-                                                        own.stride(1), own.stride(2), out.shape[2] - m, out.shape[2],
-                                                        D=d, BN=block_n)
+        _shifted_launcher[(triton.cdiv(m, block_n), b * h)](own, shift.float().contiguous(), out, m, h,
+                                                            own.stride(0), own.stride(1), own.stride(2),
+                                                            out.shape[2] - m, out.shape[2], D=d, BN=block_n)
 
 
 def _stacked(chunks: list[QuantizedChunk]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -246,8 +253,8 @@ def dequantized_window(chunks: list[QuantizedChunk], own: torch.Tensor, block_n:
     for c in chunks:
         if c.tokens:
             codes, scales = c.codes.contiguous().view(torch.int32), c.scales.contiguous().view(torch.uint8)
-            _dequantize_rows[(triton.cdiv(c.tokens, block_n), b * h)](codes, scales, c.encode_scale.float(), out,
-                                                                      c.tokens, row, n + m, D=d, BN=block_n)
+            _rows_launcher[(triton.cdiv(c.tokens, block_n), b * h)](codes, scales, c.encode_scale.float(), out,
+                                                                    c.tokens, row, n + m, D=d, BN=block_n)
         row += c.tokens
     _place_own(out, own, shift, block_n)
     return out
@@ -271,8 +278,8 @@ def dequantized_fp8_window(chunks: list[FP8Chunk], own: torch.Tensor, block_n: i
     for c in chunks:
         if c.tokens:
             codes, scales = c.codes.contiguous().view(torch.uint8), c.scales.contiguous()
-            _dequantize_fp8_rows[(triton.cdiv(c.tokens, block_n), b * h)](codes, scales, out, c.tokens, row, n + m,
-                                                                          D=d, BN=block_n, CONVERT=convert)
+            _fp8_rows_launcher[(triton.cdiv(c.tokens, block_n), b * h)](codes, scales, out, c.tokens, row, n + m,
+                                                                        D=d, BN=block_n, CONVERT=convert)
         row += c.tokens
     _place_own(out, own, shift, block_n)
     return out
