@@ -88,6 +88,7 @@ def random_dit(path, cfg, dtype=None):
 
 
 def one_mode(args) -> dict:
+    from longlive_core.config import ConfigError
     from longlive_core.distill import trainer as trainer_module
     from longlive_core.distill.config import DistillDMDConfig, LoRASettings
     from longlive_core.distill.trainer import DistillInputs, DMDTrainer, PhaseTimes
@@ -119,6 +120,8 @@ def one_mode(args) -> dict:
             t0 = time.perf_counter()
             for step in range(1, args.steps + 1):
                 trainer.train_step(step)
+                if trainer.planner is not None:  # as the product checks each step: each pass's peak (the
+                    trainer.planner.check_peak(step)  # warm-up's included) beside its prediction
             torch.cuda.synchronize()
             row["iteration_s"] = round((time.perf_counter() - t0) / args.steps, 3)
             row["phases_s"] = {k: round(v / args.steps, 3) for k, v in sorted(trainer.phases.seconds.items())}
@@ -129,6 +132,8 @@ def one_mode(args) -> dict:
                 name = f"memory-peak-{args.one}-{args.ac.replace(':', '')}.json"
                 peak = record_peak(functools.partial(trainer.train_step, args.steps + 1), Path(args.out) / name)
                 row["recorded_peak_gib"] = round(peak, 2)
+        except ConfigError as exc:  # a measured peak above the limit: the row says by how much
+            row["error"] = str(exc)
         except torch.OutOfMemoryError as exc:
             import traceback
 

@@ -22,14 +22,14 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from longlive_core.config import ConfigError, from_mapping, load_params
-from longlive_core.distill.ac_planning import chunk_inputs
+from longlive_core.distill.ac_planning import DistillPlanner, chunk_inputs
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.trainer import DMDTrainer
 from longlive_core.distributed import ac_budget, ac_plan
 from longlive_core.distributed.ac_budget import BudgetCheckpointing, PlanCache, block_kind, check_peak, require_limit
 from longlive_core.distributed.ac_eager import EagerTrials
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, OpCost, measured_plans, plan_block, plan_blocks
-from longlive_core.distributed.ac_profile import PLAIN, block_trial, profile_block
+from longlive_core.distributed.ac_profile import PLAIN, block_trial, forward_transient, profile_block
 from longlive_core.distributed.parallelize import apply_activation_checkpointing, clean_name
 from longlive_core.models.config import DIT_CONFIGS
 from longlive_core.models.wan_dit import WanDiT
@@ -655,6 +655,46 @@ def test_the_latent_statistics_between_steps_are_left_out_of_the_next_steps_chec
     assert StepPeak(torch.device("cpu")).local() == 0
 
 
+def test_each_pass_of_a_dmd_step_is_measured_apart_and_checked_against_its_own_prediction(monkeypatch):
+    """distill_dmd's step runs the generator's pass, then the critic's, each planned for the limit with a
+    prediction of its own: each one's peak is measured apart (``StepPeak.enter``; the generator's pass from
+    its rollout to its optimizer step), reported beside its prediction, and a step above the limit names
+    the prediction of the pass that peaked there."""
+    gib = 2**30
+    mem = FakeCudaMemory(monkeypatch)
+    peak = StepPeak(torch.device("cuda", 0))
+    entry = lambda predicted: {"kept": 0, "recompute_s": 0.0, "forward_s": 1.0, "predicted_peak": predicted,  # noqa: E731
+                               "floor": predicted, "planned_kept": 0}
+    planner = SimpleNamespace(device=torch.device("cuda", 0), peak=peak, limit=6 * gib, margin=0, measured=0,
+                              measured_passes={}, budget=SimpleNamespace(matched_share=lambda name: None),
+                              report={"generator": entry(int(5.5 * gib)), "critic": entry(int(5.75 * gib))})
+    monkeypatch.setattr(peak, "world_sections",  # one rank: the world's peaks are this one's
+                        lambda names: (peak.local(), {n: peak.sections.get(n, 0) for n in names}))
+    for step, (generator, critic) in enumerate(((4 * gib, 5 * gib), (3 * gib, 2 * gib)), 1):
+        DistillPlanner.enter(planner, "generator")
+        mem.allocate(generator)
+        DistillPlanner.enter(planner, "critic")
+        mem.allocate(critic)
+        DistillPlanner.check_peak(planner, step)
+    assert peak.sections == {"generator": 4 * gib, "critic": 5 * gib} and peak.local() == 5 * gib
+    summary = DistillPlanner.summary(planner)
+    assert (summary["ac_measured_peak_gib"], summary["ac_measured_peak_gib_generator"],
+            summary["ac_measured_peak_gib_critic"]) == (5.0, 4.0, 5.0)
+    assert summary["ac_predicted_peak_gib_generator"] == 5.5
+    DistillPlanner.enter(planner, "generator")
+    mem.allocate(7 * gib)
+    DistillPlanner.enter(planner, "critic")
+    with pytest.raises(ConfigError, match=r"step 3 peaked at 7.00 GiB, 1.00 GiB above the limit of 6.00 GiB; the plan "
+                                          r"predicted 5.50 GiB: set distill_dmd.ac_plan_margin_gib to at least 1.50"):
+        DistillPlanner.check_peak(planner, 3)
+
+
+def test_a_no_grad_forward_is_unmeasured_off_cuda():
+    """Without the allocator's statistics the scores' forwards are priced as a block's forward and
+    backward (``DistillPlanner``), an upper bound: nothing is measured."""
+    assert forward_transient(nn.Linear(4, 4), (torch.randn(2, 4),)) is None
+
+
 def test_train_ars_validation_is_left_out_of_the_next_steps_check_and_its_peak_reported(monkeypatch):
     """train_ar's validation between steps runs no-grad forwards that no plan counts (as distill_dmd's
     statistics): the next step's check sees the steps' peak, and the steps' reported peak keeps what came
@@ -839,6 +879,19 @@ def test_an_eager_block_is_measured_checkpointed_planned_and_unchecked_on_the_gp
     assert all(p.grad is None for p in block.parameters()) and x.grad is None
     assert full.kept < 2**20 and plan.kept >= first.bytes and unchecked.kept > plan.kept
     assert min(full.seconds, plan.seconds, unchecked.seconds) > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+def test_a_no_grad_forward_is_measured_below_the_forward_and_backward_on_the_gpu():
+    """What distill_dmd's scores run beside the generator's kept activations: a block's forward without
+    gradients holds its output and at most a few intermediates, less than its forward and backward."""
+    block = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 4096), nn.GELU(),
+                          nn.Linear(4096, 1024)).cuda()
+    x = torch.randn(8192, 1024, device="cuda", requires_grad=True)
+    forward = forward_transient(block, (x,))
+    hidden = 8192 * 4096 * 4
+    assert 8192 * 1024 * 4 + hidden <= forward <= 3 * hidden < profile_block(block, (x,)).transient_bytes
+    assert all(p.grad is None for p in block.parameters()) and x.grad is None
 
 
 def test_a_heads_copies_bound_the_transient_but_never_add_to_a_blocks():

@@ -36,7 +36,7 @@ from longlive_core.distributed.ac_budget import (
     plan_target,
 )
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
-from longlive_core.distributed.ac_profile import profile_block
+from longlive_core.distributed.ac_profile import forward_transient, profile_block
 from longlive_core.infer.kv_cache import KVCache, largest_buffer
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
@@ -86,6 +86,12 @@ def chunk_inputs(model: WanDiT, chunk_frames: int, past_frames: int, tokens_per_
     return x, context, t_mod, 1, rope, None, cache.for_layer(0)
 
 
+def max_or_none(values) -> int | None:
+    """The largest of ``values``, None where any is None (unmeasured)."""
+    values = list(values)
+    return None if None in values else max(values)
+
+
 class DistillPlanner:
     """The budget plans of one DMD trainer: ``plan`` (collective), ``use`` before each gradient pass,
     ``check_peak`` after each step, ``peak.excluded()`` around work between steps that no plan counts,
@@ -109,6 +115,7 @@ class DistillPlanner:
         self.rank = dist.get_rank()
         self.report: dict[str, dict] = {}
         self.measured = 0
+        self.measured_passes: dict[str, int] = {}
         self.peak = StepPeak(device)  # the latent statistics between steps are excluded
         cast_probes(budget, dtype)
 
@@ -162,10 +169,17 @@ class DistillPlanner:
             with forked_rng(self.device):
                 args = {"critic": block_inputs(self.model, layout, self.grid, self.dtype, self.device)}
                 critic = self._profiles(args["critic"])
+                score_forward = agree(max_or_none(forward_transient(p, args["critic"])
+                                                  for p in self.budget.probes.values()))
             with forked_rng(self.device):
                 args["generator"] = chunk_inputs(self.model, self.chunk, self.past_frames, tokens_per_frame,
                                                  self.text_tokens, self.grid, self.dtype, self.device)
                 generator = self._profiles(args["generator"])
+            # the scores' forwards over the layout run on top of every kept activation of the generator's pass,
+            # without gradients: a block's forward beside its input, or the head's copies (off CUDA, unmeasured:
+            # a critic block's forward and backward, more than they hold)
+            scores = max(p.transient_bytes for p in critic.values()) if score_forward is None else \
+                max(p.input_bytes for p in critic.values()) + max(score_forward, critic_outside.head_bytes)
             passes = {
                 "critic": (critic, counts["critic"], {
                     **static, "block_inputs": blocks * max(p.input_bytes for p in critic.values()),
@@ -181,11 +195,10 @@ class DistillPlanner:
                     "kv_cache": blocks * 2 * dim * item * largest_buffer(
                         cfg.latent_frames // self.chunk - 1, self.chunk * tokens_per_frame,
                         None if cfg.window is None else cfg.window * tokens_per_frame),
-                    "transient": max(p.transient_bytes for p in [*critic.values(), *generator.values()])})}
+                    "transient": max(scores, *(p.transient_bytes for p in generator.values()))})}
             # what runs while every kept activation of a pass is held: the critic's head's backward; over the
-            # generator's, the scores' forwards (no gradient, so at most a critic block's forward and backward)
-            on_top = {"critic": critic_outside.head_bytes,
-                      "generator": max(generator_outside.head_bytes, *(p.transient_bytes for p in critic.values()))}
+            # generator's, the scores' forwards
+            on_top = {"critic": critic_outside.head_bytes, "generator": max(generator_outside.head_bytes, scores)}
             out = {}
             for name, (profiles, pass_counts, parts) in passes.items():
                 room = self.target - sum(parts.values())
@@ -228,13 +241,19 @@ class DistillPlanner:
         """Before a forward that carries ``name``'s gradient: its blocks keep what its plan says."""
         self.budget.use(name)
 
+    def enter(self, name: str) -> None:
+        """At the start of ``name``'s pass (its rollout included): the peak from here on is the pass's."""
+        self.peak.enter(name)
+
     def check_peak(self, step: int) -> None:
-        """Collective on CUDA: the world's largest peak so far against the limit (an error above it)."""
+        """Collective on CUDA: the world's largest peak so far against the limit (an error above it, with
+        the prediction of the pass that peaked highest)."""
         if self.device.type != "cuda":
             return
-        self.measured = self.peak.world()
-        check_peak(self.measured, self.limit, max(e["predicted_peak"] for e in self.report.values()), KEY, step,
-                   self.margin)
+        self.peak.enter(None)
+        self.measured, self.measured_passes = self.peak.world_sections(PASSES)
+        highest = max(PASSES, key=lambda name: self.measured_passes[name])
+        check_peak(self.measured, self.limit, self.report[highest]["predicted_peak"], KEY, step, self.margin)
 
     def summary(self) -> dict[str, float]:
         out = {"ac_limit_gib": self.limit / 2**30, "ac_plan_margin_gib": self.margin / 2**30}
@@ -242,4 +261,7 @@ class DistillPlanner:
             out.update(entry_metrics(self.report[name], name, self.budget.matched_share(name)))
         if self.measured:
             out["ac_measured_peak_gib"] = self.measured / 2**30
+            for name, peak in self.measured_passes.items():
+                if peak:  # a pass run (the generator's may not have been, generator_every > 1)
+                    out[f"ac_measured_peak_gib_{name}"] = peak / 2**30
         return out

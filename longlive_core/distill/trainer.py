@@ -227,8 +227,14 @@ class DMDTrainer:
         if self.planner is not None:
             self.planner.use(name)
 
+    def _enter(self, name: str) -> None:
+        """activation_checkpointing budget: the step's peak from here on is ``name``'s pass's."""
+        if self.planner is not None:
+            self.planner.enter(name)
+
     def critic_pass(self, prompt: Prompt, key: tuple, exit_index: int) -> torch.Tensor:
         """The critic's flow loss on a fresh, detached rollout."""
+        self._enter("critic")
         with self._phase("critic/rollout"), self.roles.generator() as generator, torch.no_grad():
             x = self.video(self.generate(generator, prompt, ("critic", *key), exit_index))
         self._plan("critic")
@@ -248,6 +254,7 @@ class DMDTrainer:
     def generator_pass(self, prompt: Prompt, key: tuple, exit_index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The DMD loss of a rollout with gradient, and the mean |DMD gradient| (after normalisation)."""
         cfg, s = self.cfg, prompt.sample
+        self._enter("generator")
         self._plan("generator")
         with self._phase("generator/rollout"), self.roles.generator() as generator:
             mine = self.generate(generator, prompt, ("generator", *key), exit_index, grad=True)

@@ -195,6 +195,23 @@ def profile_block(block: torch.nn.Module, args: tuple, kwargs: Mapping | None = 
     return BlockProfile(tuple(ops), forward, first.untyped_storage().nbytes(), transient, str(device))
 
 
+def forward_transient(block: torch.nn.Module, args: tuple) -> int | None:
+    """On CUDA, the most one forward of ``block(*args)`` without gradients adds at once, its output
+    included (what a no-grad pass through the model runs beside what a step holds: distill_dmd's
+    scores over the generator's kept activations); None elsewhere (no allocator statistics)."""
+    device = _tensors(args)[0].device
+    if device.type != "cuda":
+        return None
+    with torch.no_grad():
+        block(*args)  # lazy initialisation, autotuning
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        block(*args)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+
+
 # the saved sets of the compiled trials under way, by number: a checkpoint's context_fn under compile
 # is a function, or a partial of one over constants
 _TRIALS: dict[int, frozenset[str]] = {}

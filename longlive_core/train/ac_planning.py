@@ -193,6 +193,19 @@ class StepPeak:
         self.device = device
         self.carried = 0
         self.excluded_peak = 0  # the largest of the excluded work's own peaks
+        self.sections: dict[str, int] = {}  # each named part of a step's largest peak (``enter``)
+        self._section: str | None = None
+
+    def enter(self, name: str | None) -> None:
+        """What follows, to the next ``enter``, is ``name``'s (None: no part's): the peak of each part of
+        a step (distill_dmd's passes) against the part's own prediction."""
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+            if self._section is not None:
+                self.sections[self._section] = max(self.sections.get(self._section, 0), peak)
+            self.carried = max(self.carried, peak)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._section = name
 
     def local(self) -> int:
         """This rank's largest step peak so far."""
@@ -217,9 +230,16 @@ class StepPeak:
 
     def world(self) -> int:
         """Collective: the largest step peak so far on any rank."""
-        peak = torch.tensor([float(self.local())], dtype=torch.float64, device=self.device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return int(peak.item())
+        return self.world_sections(())[0]
+
+    def world_sections(self, names: tuple[str, ...]) -> tuple[int, dict[str, int]]:
+        """Collective: ``world()`` and each named part's largest peak on any rank (0: not run yet), in one
+        reduction."""
+        peaks = torch.tensor([float(self.local())] + [float(self.sections.get(n, 0)) for n in names],
+                             dtype=torch.float64, device=self.device)
+        dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+        values = [int(v) for v in peaks.tolist()]
+        return values[0], dict(zip(names, values[1:], strict=True))
 
 
 @contextlib.contextmanager
