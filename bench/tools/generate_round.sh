@@ -18,6 +18,7 @@
 #   bash bench/tools/generate_round.sh dmd16                 # ~5 min: production's limit at 16 blocks (distill_dmd's rate)
 #   bash bench/tools/generate_round.sh train16_nvfp4         # ~5 min (on an H100), a call of its own: the same for train_ar (NVFP4)
 #   bash bench/tools/generate_round.sh dmd_memory            # ~2 min: what distill_dmd's full iteration holds at its peak
+#   bash bench/tools/generate_round.sh dmd16_peak            # ~4 min: dmd16's full and budget, and what budget's peak holds
 #   bash bench/tools/generate_round.sh vae_profile           # ~3 min: where the compiled decoder's time goes
 #   bash bench/tools/generate_round.sh vae_sp                # ~8 min: sub-pixel upsampling, with 1, 2 and 4 frames a call
 #                                                           # (the first two variants took 5 min on an H100)
@@ -99,6 +100,10 @@ for part in "$@"; do case $part in
                i=$((i + 1))                             # fits unchecked (8 blocks: all did), for a rate nearer 30's
                run "dmd16_${i}_${ac}" python3 bench/dmd_step.py --blocks 16 --frames 32 --modes nvfp4-lora --steps 2 \
                    --ac "$ac" --out "$out/dmd16_${i}_${ac}"; done ;;
+    dmd16_peak) run dmd16_peak_full python3 bench/dmd_step.py --blocks 16 --frames 32 --modes nvfp4-lora --steps 2 \
+                    --ac full --out "$out/dmd16_peak_full"  # dmd16's full and budget, then what budget's peak holds
+                run dmd16_peak_budget python3 bench/dmd_step.py --blocks 16 --frames 32 --modes nvfp4-lora --steps 2 \
+                    --ac budget --memory-peak --out "$out/dmd16_peak_budget" ;;
     dmd_memory) run dmd_memory python3 bench/dmd_step.py --blocks 8 --frames 32 --modes nvfp4-lora --steps 1 --ac full \
                     --memory-peak --out "$out/dmd_memory" ;;  # where distill_dmd's full step peaks, line by line
     caption) run caption python3 bench/caption_throughput.py --repeats 3 --json "$out/caption.jsonl" ;;
