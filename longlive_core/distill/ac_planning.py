@@ -9,9 +9,8 @@ of the GPU's memory).
   block keeps: measured at each chunk's own cache, as the chunks hold it all at once).
 
 Each pass's floor is what a ``full`` step of it holds (``train.ac_planning.StepMemory``: the frozen
-backbone, the adapters and both optimizers' moments, FSDP's buffers; the pass's own gradients where
-they outgrow the block inputs its backward frees as it makes them, as train_ar's one micro-batch; the
-blocks' inputs; the activations outside the blocks; one block's forward and backward at once). The
+backbone, the adapters, their gradients and both optimizers' moments, FSDP's buffers; the blocks'
+inputs; the activations outside the blocks; one block's forward and backward at once). The
 generator's floor also holds every chunk the rollout wrote to its cache (the checkpointed exit steps
 reference the cache as it was until the backward) and runs the scores' forwards on top: its transient
 is the larger of the two passes'. Distillation does not compile, so the eager profile prices exactly
@@ -102,11 +101,9 @@ class DistillPlanner:
 
     def __init__(self, budget: BudgetCheckpointing, cfg: DistillDMDConfig, model: WanDiT, roles: int,
                  optimizer: torch.optim.Optimizer, chunk_frames: int, grid: tuple[int, int], text_tokens: int,
-                 device: torch.device, dtype: torch.dtype, cache_dir: Path,
-                 trainable: dict[str, list[torch.nn.Parameter]]):
-        """``trainable``: each pass's trained parameters (the generator's adapter and the critic's, or two
-        whole models with full weights): both optimizers' moments count against the limit, and a pass's
-        own gradients (the other's are let go after its step: ``zero_grad(set_to_none=True)``)."""
+                 device: torch.device, dtype: torch.dtype, cache_dir: Path, trainable: list[torch.nn.Parameter]):
+        """``trainable``: every role's trained parameters (the two adapters, or two whole models with full
+        weights): their gradients and the optimizers' moments count against the limit."""
         self.budget, self.cfg, self.model, self.chunk = budget, cfg, model, chunk_frames
         self.grid, self.text_tokens, self.device, self.dtype = grid, text_tokens, device, dtype
         # every role's model was wrapped (three copies for full weights): the blocks of one run a pass
@@ -114,13 +111,8 @@ class DistillPlanner:
         self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
         self.margin, self.target = plan_target(self.limit, cfg.ac_plan_margin_gib, KEY)  # what the plans aim for
         memory = step_memory(model, optimizer, {}, dtype, device)
-        grads = local_bytes(p for name in PASSES for p in trainable[name])
+        grads = local_bytes(trainable)
         self.memory = dataclasses.replace(memory, grads=grads, optimizer=0 if optimizer.state else 2 * grads)
-        in_blocks = {id(p) for p in model.blocks.parameters()}
-        self.grads = {name: local_bytes(trainable[name]) for name in PASSES}
-        # a pass's gradients made in its blocks' backward (the shared model's: a whole second model's are not
-        # known to be, and count in full)
-        self.block_grads = {name: local_bytes(p for p in trainable[name] if id(p) in in_blocks) for name in PASSES}
         self.cache = PlanCache(cache_dir)
         self.rank = dist.get_rank()
         self.report: dict[str, dict] = {}
@@ -237,23 +229,17 @@ class DistillPlanner:
             on_top = {"critic": critic_outside.head_bytes, "generator": max(generator_outside.head_bytes, scores)}
             out = {}
             for name, (profiles, pass_counts, parts) in passes.items():
-                # one backward a pass (as train_ar's one micro-batch): its blocks' gradients are made as the
-                # backward frees the blocks' inputs and kept outputs, so the pass holds the larger of the two;
-                # what outgrows the inputs is absorbed by kept outputs
-                replaced = min(self.block_grads[name], parts["block_inputs"])
-                parts["grads"] = self.grads[name] - replaced
-                absorbed = self.block_grads[name] - replaced
-                room = self.target - sum(parts.values()) + absorbed
+                room = self.target - sum(parts.values())
                 plans = plan_blocks(profiles, pass_counts, room)
                 if self.measures():  # the fastest of full, the plan and unchecked blocks; its inputs freed after
                     trials = eager_trials(self.budget.probes, args.pop(name), plans, self.device)
                     if name == "generator":
                         trials = self._unchecked_kept(trials)
-                    out[name] = eager_entry(profiles, plans, self.counts, runs[name], parts, room, trials, absorbed,
+                    out[name] = eager_entry(profiles, plans, self.counts, runs[name], parts, room, trials,
                                             on_top=on_top[name])
                 else:  # no trials: the op-level plans as the profile prices them
                     out[name] = plan_entry(profiles, plans, pass_counts, parts,
-                                           sum(pass_counts[k] * plans[k].saved_bytes for k in plans), absorbed)
+                                           sum(pass_counts[k] * plans[k].saved_bytes for k in plans))
         finally:
             for probe in self.budget.probes.values():
                 probe.to("cpu")
