@@ -5,8 +5,7 @@ of the GPU's memory).
 - ``critic``: the fake score over the teacher-forcing layout of ``latent_frames`` (the video as the
   clean context, its noised copy), every block once, as train_ar's window.
 - ``generator``: the exit step of each of the last ``grad_frames``' chunks, every block once per
-  chunk, attending to the rollout's KV cache as full as the window lets it be (what an unchecked
-  block keeps: measured at each chunk's own cache, as the chunks hold it all at once).
+  chunk, attending to the rollout's KV cache as full as the window lets it be.
 
 Each pass's floor is what a ``full`` step of it holds (``train.ac_planning.StepMemory``: the frozen
 backbone, the adapters, their gradients and both optimizers' moments, FSDP's buffers; the blocks'
@@ -36,9 +35,8 @@ from longlive_core.distributed.ac_budget import (
     memory_limit,
     plan_target,
 )
-from longlive_core.distributed.ac_eager import EagerTrials
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
-from longlive_core.distributed.ac_profile import PLAIN, block_trial, forward_transient, profile_block
+from longlive_core.distributed.ac_profile import forward_transient, profile_block
 from longlive_core.infer.kv_cache import KVCache, largest_buffer
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
@@ -136,32 +134,6 @@ class DistillPlanner:
         window = self.cfg.latent_frames if self.cfg.window is None else min(self.cfg.window, self.cfg.latent_frames)
         return window - self.chunk
 
-    @property
-    def chunk_pasts(self) -> list[int]:
-        """The cached frames each grad chunk's exit step attends to: the rollout's last ``grad_chunks``
-        chunks, each over the frames before it that the window keeps."""
-        n = self.cfg.latent_frames // self.chunk
-        return [min(c * self.chunk, self.past_frames) for c in range(n - self.grad_chunks, n)]
-
-    def _unchecked_kept(self, trials: dict[str, EagerTrials]) -> dict[str, EagerTrials]:
-        """``trials`` (measured over the fullest cache) with each kind's unchecked bytes the mean over the grad
-        chunks' own caches: every exit step's activations are held at once until the backward, and an
-        earlier chunk's attention keeps less (each past length measured once, unchecked; rank 0's)."""
-        tokens_per_frame = self.grid[0] * self.grid[1]
-        pasts = self.chunk_pasts
-        out = {}
-        for kind, probe in sorted(self.budget.probes.items()):
-            kept = {self.past_frames: trials[kind].unchecked_kept}
-            for past in sorted(set(pasts) - set(kept)):
-                with forked_rng(self.device):
-                    args = chunk_inputs(self.model, self.chunk, past, tokens_per_frame, self.text_tokens, self.grid,
-                                        self.dtype, self.device)
-                    kept[past] = agree(block_trial(probe, args, PLAIN, compiled=False, repeats=1).kept)
-                del args
-            mean = sum(kept[p] for p in pasts) // len(pasts)
-            out[kind] = dataclasses.replace(trials[kind], unchecked_kept=mean)
-        return out
-
     def _key(self) -> dict:
         cfg = self.cfg
         return {**run_key(self.model, self.memory, self.target, self.device, self.dtype,
@@ -233,8 +205,6 @@ class DistillPlanner:
                 plans = plan_blocks(profiles, pass_counts, room)
                 if self.measures():  # the fastest of full, the plan and unchecked blocks; its inputs freed after
                     trials = eager_trials(self.budget.probes, args.pop(name), plans, self.device)
-                    if name == "generator":
-                        trials = self._unchecked_kept(trials)
                     out[name] = eager_entry(profiles, plans, self.counts, runs[name], parts, room, trials,
                                             on_top=on_top[name])
                 else:  # no trials: the op-level plans as the profile prices them
