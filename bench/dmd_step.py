@@ -94,6 +94,7 @@ def one_mode(args) -> dict:
     from longlive_core.distill.trainer import DistillInputs, DMDTrainer, PhaseTimes
     from longlive_core.distributed.config import ParallelConfig
     from longlive_core.models import config as model_configs
+    from longlive_core.train.ac_planning import StepPeak
 
     model_configs.DIT_CONFIGS["bench"] = dataclasses.replace(model_configs.dit_config("wan2.2-ti2v-5b"),
                                                              num_layers=args.blocks)
@@ -116,18 +117,22 @@ def one_mode(args) -> dict:
             trainer.train_step(0)  # warm-up: compilation, optimizer state
             torch.cuda.synchronize()  # its last kernels finish before the timing starts
             trainer.phases = PhaseTimes(torch.device("cuda"))
+            if trainer.planner is not None:  # the warm-up checked as the product checks every step; then the
+                trainer.planner.check_peak(0)  # timed steps' peaks alone, each pass's apart (the planner's
+                trainer.planner.peak = StepPeak(torch.device("cuda"))  # sections reset the allocator's counter)
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             for step in range(1, args.steps + 1):
                 trainer.train_step(step)
-                if trainer.planner is not None:  # as the product checks each step: each pass's peak (the
-                    trainer.planner.check_peak(step)  # warm-up's included) beside its prediction
             torch.cuda.synchronize()
             row["iteration_s"] = round((time.perf_counter() - t0) / args.steps, 3)
             row["phases_s"] = {k: round(v / args.steps, 3) for k, v in sorted(trainer.phases.seconds.items())}
-            row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
             if trainer.planner is not None:
+                trainer.planner.check_peak(args.steps)  # the timed steps' pass peaks against their predictions
+                row["peak_gib"] = round(trainer.planner.peak.local() / 2**30, 2)
                 row.update({k: round(v, 3) for k, v in trainer.planner.summary().items()})
+            else:
+                row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
             if args.memory_peak:  # one more iteration with every allocation recorded: what its peak holds
                 name = f"memory-peak-{args.one}-{args.ac.replace(':', '')}.json"
                 peak = record_peak(functools.partial(trainer.train_step, args.steps + 1), Path(args.out) / name)

@@ -681,6 +681,13 @@ def test_each_pass_of_a_dmd_step_is_measured_apart_and_checked_against_its_own_p
     assert (summary["ac_measured_peak_gib"], summary["ac_measured_peak_gib_generator"],
             summary["ac_measured_peak_gib_critic"]) == (5.0, 4.0, 5.0)
     assert summary["ac_predicted_peak_gib_generator"] == 5.5
+    DistillPlanner.enter(planner, "critic")
+    mem.allocate(6 * gib)
+    with peak.excluded():  # work no plan counts, inside a pass: the pass's peak so far is kept, and the pass goes on
+        mem.allocate(9 * gib)
+    mem.allocate(3 * gib)
+    peak.enter(None)
+    assert peak.sections["critic"] == 6 * gib and peak.excluded_peak == 9 * gib and peak.local() == 6 * gib
     DistillPlanner.enter(planner, "generator")
     mem.allocate(7 * gib)
     DistillPlanner.enter(planner, "critic")

@@ -11,10 +11,12 @@ Each pass's floor is what a ``full`` step of it holds (``train.ac_planning.StepM
 backbone, the adapters, their gradients and both optimizers' moments, FSDP's buffers; the blocks'
 inputs; the activations outside the blocks; one block's forward and backward at once). The
 generator's floor also holds every chunk the rollout wrote to its cache (the checkpointed exit steps
-reference the cache as it was until the backward) and runs the scores' forwards on top: its transient
-is the larger of the two passes'. Distillation does not compile, so the eager profile prices exactly
-what the step keeps, but not what selective checkpointing costs in Python: on CUDA each pass runs the
-fastest of ``full``, the op-level plan and its last blocks unchecked, as a block measured them
+reference the cache as it was until the backward) and runs the scores' forwards on top, without
+gradients: its transient is the larger of a generator block's forward and backward and a score block's
+no-grad forward beside its input (measured on CUDA; elsewhere a critic block's forward and backward).
+Distillation does not compile, so the eager profile prices exactly what the step keeps, but not what
+selective checkpointing costs in Python: on CUDA each pass runs the fastest of ``full``, the
+op-level plan and its last blocks unchecked, as a block measured them
 (``train.ac_planning.eager_entry``). Profiles and trials run on every rank and rank 0's are every
 rank's; plans are cached on rank 0's disk by what they depend on. Profiling and trials fork the RNG
 and run on a copy of a block: they change no number of the run.
@@ -121,7 +123,8 @@ class DistillPlanner:
 
     @property
     def grad_chunks(self) -> int:
-        return self.cfg.grad_frames // self.chunk
+        """The chunks whose exit step carries the gradient (at most the rollout's, as the trainer clamps)."""
+        return min(self.cfg.grad_frames, self.cfg.latent_frames) // self.chunk
 
     @property
     def pass_counts(self) -> dict[str, dict[str, int]]:

@@ -219,14 +219,17 @@ class StepPeak:
 
     @contextlib.contextmanager
     def excluded(self):
-        """Work between steps: the peak so far is carried, and the counter starts again after it."""
-        self.carried = self.local()
+        """Work between steps: the peak so far is carried (an open part's folded into it), and the counter
+        starts again after it, in the same part."""
+        section = self._section
+        self.enter(None)
         try:
             yield
         finally:
             if self.device.type == "cuda":
                 self.excluded_peak = max(self.excluded_peak, torch.cuda.max_memory_allocated(self.device))
                 torch.cuda.reset_peak_memory_stats(self.device)
+            self._section = section
 
     def world(self) -> int:
         """Collective: the largest step peak so far on any rank."""
