@@ -671,9 +671,9 @@ def test_each_pass_of_a_dmd_step_is_measured_apart_and_checked_against_its_own_p
     monkeypatch.setattr(peak, "world_sections",  # one rank: the world's peaks are this one's
                         lambda names: (peak.local(), {n: peak.sections.get(n, 0) for n in names}))
     for step, (generator, critic) in enumerate(((4 * gib, 5 * gib), (3 * gib, 2 * gib)), 1):
-        DistillPlanner.enter(planner, "generator")
+        peak.enter("generator")
         mem.allocate(generator)
-        DistillPlanner.enter(planner, "critic")
+        peak.enter("critic")
         mem.allocate(critic)
         DistillPlanner.check_peak(planner, step)
     assert peak.sections == {"generator": 4 * gib, "critic": 5 * gib} and peak.local() == 5 * gib
@@ -681,16 +681,16 @@ def test_each_pass_of_a_dmd_step_is_measured_apart_and_checked_against_its_own_p
     assert (summary["ac_measured_peak_gib"], summary["ac_measured_peak_gib_generator"],
             summary["ac_measured_peak_gib_critic"]) == (5.0, 4.0, 5.0)
     assert summary["ac_predicted_peak_gib_generator"] == 5.5
-    DistillPlanner.enter(planner, "critic")
+    peak.enter("critic")
     mem.allocate(6 * gib)
     with peak.excluded():  # work no plan counts, inside a pass: the pass's peak so far is kept, and the pass goes on
         mem.allocate(9 * gib)
     mem.allocate(3 * gib)
     peak.enter(None)
     assert peak.sections["critic"] == 6 * gib and peak.excluded_peak == 9 * gib and peak.local() == 6 * gib
-    DistillPlanner.enter(planner, "generator")
+    peak.enter("generator")
     mem.allocate(7 * gib)
-    DistillPlanner.enter(planner, "critic")
+    peak.enter("critic")
     with pytest.raises(ConfigError, match=r"step 3 peaked at 7.00 GiB, 1.00 GiB above the limit of 6.00 GiB; the plan "
                                           r"predicted 5.50 GiB: set distill_dmd.ac_plan_margin_gib to at least 1.50"):
         DistillPlanner.check_peak(planner, 3)

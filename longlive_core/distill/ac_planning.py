@@ -88,16 +88,10 @@ def chunk_inputs(model: WanDiT, chunk_frames: int, past_frames: int, tokens_per_
     return x, context, t_mod, 1, rope, None, cache.for_layer(0)
 
 
-def max_or_none(values) -> int | None:
-    """The largest of ``values``, None where any is None (unmeasured)."""
-    values = list(values)
-    return None if None in values else max(values)
-
-
 class DistillPlanner:
     """The budget plans of one DMD trainer: ``plan`` (collective), ``use`` before each gradient pass,
-    ``check_peak`` after each step, ``peak.excluded()`` around work between steps that no plan counts,
-    ``summary`` for MLflow."""
+    ``peak.enter`` at each pass's start, ``check_peak`` after each step, ``peak.excluded()`` around work
+    between steps that no plan counts, ``summary`` for MLflow."""
 
     def __init__(self, budget: BudgetCheckpointing, cfg: DistillDMDConfig, model: WanDiT, roles: int,
                  optimizer: torch.optim.Optimizer, chunk_frames: int, grid: tuple[int, int], text_tokens: int,
@@ -172,8 +166,8 @@ class DistillPlanner:
             with forked_rng(self.device):
                 args = {"critic": block_inputs(self.model, layout, self.grid, self.dtype, self.device)}
                 critic = self._profiles(args["critic"])
-                score_forward = agree(max_or_none(forward_transient(p, args["critic"])
-                                                  for p in self.budget.probes.values()))
+                forwards = [forward_transient(p, args["critic"]) for p in self.budget.probes.values()]
+                score_forward = agree(None if None in forwards else max(forwards))  # None: unmeasured
             with forked_rng(self.device):
                 args["generator"] = chunk_inputs(self.model, self.chunk, self.past_frames, tokens_per_frame,
                                                  self.text_tokens, self.grid, self.dtype, self.device)
@@ -243,10 +237,6 @@ class DistillPlanner:
     def use(self, name: str) -> None:
         """Before a forward that carries ``name``'s gradient: its blocks keep what its plan says."""
         self.budget.use(name)
-
-    def enter(self, name: str) -> None:
-        """At the start of ``name``'s pass (its rollout included): the peak from here on is the pass's."""
-        self.peak.enter(name)
 
     def check_peak(self, step: int) -> None:
         """Collective on CUDA: the world's largest peak so far against the limit (an error above it, with

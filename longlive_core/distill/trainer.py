@@ -228,9 +228,9 @@ class DMDTrainer:
             self.planner.use(name)
 
     def _enter(self, name: str) -> None:
-        """activation_checkpointing budget: the step's peak from here on is ``name``'s pass's."""
+        """activation_checkpointing budget: the step's peak from here on (its rollout included) is ``name``'s pass's."""
         if self.planner is not None:
-            self.planner.enter(name)
+            self.planner.peak.enter(name)
 
     def critic_pass(self, prompt: Prompt, key: tuple, exit_index: int) -> torch.Tensor:
         """The critic's flow loss on a fresh, detached rollout."""
