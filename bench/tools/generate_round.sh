@@ -7,6 +7,7 @@
 #   bash bench/tools/generate_round.sh make kernels vae sp
 #   bash bench/tools/generate_round.sh attention            # ~2 min: bench/attention_kernels.py alone (kernels: its tests first)
 #   bash bench/tools/generate_round.sh make profile          # ~5 min: each KV format's kernels over a 5-chunk video
+#   bash bench/tools/generate_round.sh make prompt_embedding   # ~1 min: umT5 loaded per prompt file or kept on the host
 #   bash bench/tools/generate_round.sh make parity           # ~6 min: the NVFP4 KV cache against BF16's, twice each
 #   bash bench/tools/generate_round.sh make fp8_attention    # ~6 min: cuDNN FP8 attention in generate, BF16 and FP8 linears
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
@@ -55,6 +56,7 @@ for part in "$@"; do case $part in
                 # each twice in one process (one pair spread 2%; after make)
     profile) run profile python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4,nvfp4:4 \
                  --profile-chunks 5 ;;  # where the NVFP4 cache's loop loses its 2% to the BF16 cache's (after make)
+    prompt_embedding) run prompt_embedding python3 bench/prompt_embedding.py $root/umt5 --json "$out/prompt_embedding.jsonl" ;;
     w4a4) run w4a4 python3 bench/generate_product.py run $root --model w4a4 --rows nvfp4:4 --json "$out/product.jsonl" ;;
     kernels)
         run kernel_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_fp8_io.py \
@@ -88,7 +90,7 @@ for part in "$@"; do case $part in
                     --compile 1 --steps 1 --ac $ac --memory-peak --out "$out"; done ;;
     gpu_tests) run gpu_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_ac_budget.py \
                tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_cudnn_fp8.py tests/test_infer_attention_fp8_io.py \
-               tests/test_quant_triton.py tests/test_quant_packed.py tests/test_train_parallelize.py tests/test_infer_vae_upsample.py tests/test_gpu_host_sync.py --durations=10 \
+               tests/test_quant_triton.py tests/test_quant_packed.py tests/test_train_parallelize.py tests/test_infer_vae_upsample.py tests/test_gpu_host_sync.py tests/test_infer_text_on_host.py --durations=10 \
                -k "(gpu or compiled or cuda or under_compile) and not test_triton_matches_torch_on_the_gpu" ;;
     gpu_quant_tests) run gpu_quant_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_quant_triton.py \
                      -k test_triton_matches_torch_on_the_gpu ;;  # ~4.5 min on the H200: every quantize variant compiled

@@ -46,10 +46,10 @@ from longlive_core.infer.kv_cache import ATTENTIONS
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, Segment, ShotPlan, parse_prompts, plan_shots, read_prompt_file
 from longlive_core.infer.sampling import RunSampling, run_sampling
+from longlive_core.infer.text_on_host import HostTextEncoder
 from longlive_core.io.atomic import atomic_path, write_json
 from longlive_core.models.encoders import check_encoders
 from longlive_core.models.folder import read_dit_folder
-from longlive_core.models.text import text_encoder_from
 from longlive_core.models.vae import vae_from
 from longlive_core.models.weights import CheckpointError
 from longlive_core.progress import Progress, setup_logging
@@ -103,8 +103,8 @@ class Generator:
     VAE on rank 0, for any number of prompt files (evaluate's suite, a benchmark's rows). Loading it
     again for every video costs seconds each time, and with compiled blocks on torch 2.11 (CUDA) every
     load left the previous DiT on the GPU: 9 GiB more for each video (bench/RESULTS.md). ``close``
-    (or leaving a ``with`` block) lets it go, and the compiled code with it. umT5 is loaded for each
-    prompt file and gone before the DiT runs (11 GB in bf16)."""
+    (or leaving a ``with`` block) lets it go, and the compiled code with it. umT5 is kept in host memory
+    and copied to the GPU for each prompt file's embedding, gone before the DiT runs (11 GB in bf16)."""
 
     def __init__(self, model_dir: str | Path, cfg: GenerateConfig, shard: SequenceShard = WHOLE):
         start = time.perf_counter()
@@ -121,6 +121,7 @@ class Generator:
         check_attention(cfg, self.device)
         self.encoders = check_encoders(self.folder, self.model_dir)  # the ones it was made with, before loading
         self.model, self.config, self.recipe = prepare_model(self.model_dir, cfg.precision, self.device)
+        self.text = HostTextEncoder(self.encoders["text_encoder"], self.config.text_encoder.max_length, self.device)
         if cfg.compile:
             for block in self.model.blocks:
                 block.compile()
@@ -139,7 +140,7 @@ class Generator:
         self.close()
 
     def close(self) -> None:
-        self.model = self.decoder = None
+        self.model = self.decoder = self.text = None
         if self.cfg.compile:  # Dynamo's caches hold the compiled blocks' code, and with it what it was traced on
             torch._dynamo.reset()
         if self.device.type == "cuda":
@@ -168,15 +169,14 @@ class Generator:
         latent = config.latent
         prefixed = config.multi_shot.scene_transition_prefix  # the captions the model was trained on
         segments = parse_prompts(text, cfg.default_duration_s, str(prompts), prefixed)
-        encoder = text_encoder_from(self.encoders["text_encoder"], config.text_encoder.max_length, self.device)
         enhancement = None
-        if cfg.enhance:
-            enhancement = self.enhanced(text, segments, cfg, encoder, str(prompts))
-            segments = parse_prompts(enhancement.enhanced, cfg.default_duration_s, str(prompts), prefixed)
-        plan = plan_shots(segments, config.video.fps, latent.chunk_frames, latent.temporal_stride)
-        embedded = encoder.encode([s.prompt for s in segments])
+        with self.text.on() as encoder:  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
+            if cfg.enhance:
+                enhancement = self.enhanced(text, segments, cfg, encoder, str(prompts))
+                segments = parse_prompts(enhancement.enhanced, cfg.default_duration_s, str(prompts), prefixed)
+            plan = plan_shots(segments, config.video.fps, latent.chunk_frames, latent.temporal_stride)
+            embedded = encoder.encode([s.prompt for s in segments])
         encoded_at = time.perf_counter()
-        del encoder  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
         texts = [embedded[i:i + 1] for i in range(len(segments))]
         _, ph, pw = model.cfg.patch_size
         h, w = latent.height, latent.width
