@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from longlive_core.config import ConfigError, from_mapping, load_params
-from longlive_core.distill.ac_planning import DistillPlanner, chunk_inputs
+from longlive_core.distill.ac_planning import DistillPlanner, chunk_inputs, pass_gradients
 from longlive_core.distill.config import DistillDMDConfig
 from longlive_core.distill.trainer import DMDTrainer
 from longlive_core.distributed import ac_budget, ac_plan
@@ -694,6 +694,43 @@ def test_each_pass_of_a_dmd_step_is_measured_apart_and_checked_against_its_own_p
     with pytest.raises(ConfigError, match=r"step 3 peaked at 7.00 GiB, 1.00 GiB above the limit of 6.00 GiB; the plan "
                                           r"predicted 5.50 GiB: set distill_dmd.ac_plan_margin_gib to at least 1.50"):
         DistillPlanner.check_peak(planner, 3)
+
+
+def test_a_passs_gradients_take_the_place_of_the_inputs_its_first_backward_chain_frees():
+    """One chain (the critic's): the gradients made in the blocks replace the inputs they outgrow or
+    not, the excess absorbed by kept outputs; a gradient made outside the blocks counts in full. Three
+    chains (the generator's exit chunks): every block's gradient exists once the first chain's backward
+    ends, so a third of the inputs at most is replaced and nothing absorbed."""
+    assert pass_gradients(own=10, in_blocks=8, block_inputs=30, chains=1) == (2, 0)
+    assert pass_gradients(own=10, in_blocks=8, block_inputs=6, chains=1) == (4, 2)
+    assert pass_gradients(own=10, in_blocks=8, block_inputs=30, chains=3) == (2, 0)
+    assert pass_gradients(own=10, in_blocks=8, block_inputs=18, chains=3) == (4, 0)
+
+
+def test_the_generators_unchecked_blocks_are_priced_at_each_grad_chunks_own_cache(monkeypatch):
+    """Every exit step of the generator's pass holds its activations until the backward, and an earlier
+    chunk attends to fewer cached frames: what an unchecked block keeps is the mean over the chunks'
+    own caches (measured once per length), not the fullest cache's for each (7.6 GiB over at 16 blocks)."""
+    from longlive_core.distill import ac_planning as distill_planning
+
+    cfg = SimpleNamespace(latent_frames=32, grad_frames=24, window=None)
+    planner = SimpleNamespace(cfg=cfg, chunk=8, grid=(2, 2), text_tokens=4, model=None, dtype=torch.float32,
+                              device=torch.device("cpu"), budget=SimpleNamespace(probes={"a": None}))
+    planner.grad_chunks = DistillPlanner.grad_chunks.fget(planner)
+    planner.past_frames = DistillPlanner.past_frames.fget(planner)
+    assert DistillPlanner.chunk_pasts.fget(planner) == [8, 16, 24]  # chunks 1-3 of 4, the window all frames
+    planner.chunk_pasts = DistillPlanner.chunk_pasts.fget(planner)
+    measured = []
+    monkeypatch.setattr(distill_planning, "chunk_inputs", lambda model, chunk, past, *rest: past)
+    monkeypatch.setattr(distill_planning, "block_trial",
+                        lambda probe, past, saved, compiled, repeats: measured.append(past) or SimpleNamespace(
+                            kept=100 * past))
+    monkeypatch.setattr(distill_planning, "agree", lambda value: value)
+    trials = {"a": EagerTrials(1.0, 1.0, 0.5, 100 * 24)}
+    out = DistillPlanner._unchecked_kept(planner, trials)
+    assert measured == [8, 16] and out["a"] == EagerTrials(1.0, 1.0, 0.5, 100 * 16)
+    cfg.window = 16  # a window of 16 frames: every chunk's cache holds 8
+    assert DistillPlanner.chunk_pasts.fget(SimpleNamespace(cfg=cfg, chunk=8, grad_chunks=3, past_frames=8)) == [8, 8, 8]
 
 
 def test_a_no_grad_forward_is_unmeasured_off_cuda():

@@ -125,6 +125,14 @@ def test_the_exported_adapter_loads_onto_the_ar_model_and_generates_as_the_gener
     # keyed by the code the trainer runs: a kernel change makes the plans again
     code = code_digest("longlive_core.distill.trainer")
     assert all(json.loads(p.read_text())["key"]["code"] == code for p in (tmp_path / "plans").glob("*.json"))
+    for path in (tmp_path / "plans").glob("*.json"):
+        entry = json.loads(path.read_text())
+        both = entry["key"]["memory"][1]  # every role's gradients: both optimizers' moments count them all
+        for name in ("critic", "generator"):
+            parts = entry["value"][name]["floor_parts"]
+            # a pass holds its own adapter's gradients (half of both), less what its backward frees of the block
+            # inputs as it makes them; the other's were let go after its step
+            assert parts["optimizer"] == 2 * both and 0 <= parts["grads"] <= both // 2, (name, parts, both)
     unchecked = runs["f32-unchecked"]["summary"]
     for name in ("critic", "generator"):  # every block of the tiny model unchecked, no op-level plan
         assert unchecked[f"ac_unchecked_blocks_{name}"] == 2 and unchecked[f"ac_op_level_{name}"] == 0.0

@@ -5,11 +5,13 @@ of the GPU's memory).
 - ``critic``: the fake score over the teacher-forcing layout of ``latent_frames`` (the video as the
   clean context, its noised copy), every block once, as train_ar's window.
 - ``generator``: the exit step of each of the last ``grad_frames``' chunks, every block once per
-  chunk, attending to the rollout's KV cache as full as the window lets it be.
+  chunk, attending to the rollout's KV cache as full as the window lets it be (what an unchecked
+  block keeps: measured at each chunk's own cache, as the chunks hold it all at once).
 
 Each pass's floor is what a ``full`` step of it holds (``train.ac_planning.StepMemory``: the frozen
-backbone, the adapters, their gradients and both optimizers' moments, FSDP's buffers; the blocks'
-inputs; the activations outside the blocks; one block's forward and backward at once). The
+backbone, the adapters and both optimizers' moments, FSDP's buffers; the pass's own gradients where
+they outgrow the block inputs its backward frees as it makes them (``pass_gradients``: the generator's
+first exit chunk's only); the blocks' inputs; the activations outside the blocks; one block's forward and backward at once). The
 generator's floor also holds every chunk the rollout wrote to its cache (the checkpointed exit steps
 reference the cache as it was until the backward) and runs the scores' forwards on top, without
 gradients: its transient is the larger of a generator block's forward and backward and a score block's
@@ -37,8 +39,9 @@ from longlive_core.distributed.ac_budget import (
     memory_limit,
     plan_target,
 )
+from longlive_core.distributed.ac_eager import EagerTrials
 from longlive_core.distributed.ac_plan import ACPlan, BlockProfile, plan_blocks
-from longlive_core.distributed.ac_profile import forward_transient, profile_block
+from longlive_core.distributed.ac_profile import PLAIN, block_trial, forward_transient, profile_block
 from longlive_core.infer.kv_cache import KVCache, largest_buffer
 from longlive_core.models.rope import rope_cos_sin
 from longlive_core.models.wan_dit import WanDiT
@@ -88,6 +91,18 @@ def chunk_inputs(model: WanDiT, chunk_frames: int, past_frames: int, tokens_per_
     return x, context, t_mod, 1, rope, None, cache.for_layer(0)
 
 
+def pass_gradients(own: int, in_blocks: int, block_inputs: int, chains: int) -> tuple[int, int]:
+    """What a pass's floor holds of its own ``own`` bytes of gradients (``in_blocks`` of them made in its
+    blocks' backward), and what of them its kept outputs absorb. One backward chain (the critic's, as
+    train_ar's one micro-batch) makes its blocks' gradients as it frees their inputs and kept outputs:
+    the pass holds the larger of the gradients and the inputs, what outgrows the inputs absorbed by the
+    kept outputs. The generator's ``chains`` exit chunks are as many chains, run one after another:
+    every block's gradient exists once the first ends, while the other chains' inputs and kept outputs
+    are still held: 1/``chains`` of the inputs replaced, nothing absorbed."""
+    replaced = min(in_blocks, block_inputs // chains)
+    return own - replaced, in_blocks - replaced if chains == 1 else 0
+
+
 class DistillPlanner:
     """The budget plans of one DMD trainer: ``plan`` (collective), ``use`` before each gradient pass,
     ``peak.enter`` at each pass's start, ``check_peak`` after each step, ``peak.excluded()`` around work
@@ -95,9 +110,11 @@ class DistillPlanner:
 
     def __init__(self, budget: BudgetCheckpointing, cfg: DistillDMDConfig, model: WanDiT, roles: int,
                  optimizer: torch.optim.Optimizer, chunk_frames: int, grid: tuple[int, int], text_tokens: int,
-                 device: torch.device, dtype: torch.dtype, cache_dir: Path, trainable: list[torch.nn.Parameter]):
-        """``trainable``: every role's trained parameters (the two adapters, or two whole models with full
-        weights): their gradients and the optimizers' moments count against the limit."""
+                 device: torch.device, dtype: torch.dtype, cache_dir: Path,
+                 trainable: dict[str, list[torch.nn.Parameter]]):
+        """``trainable``: each pass's trained parameters (the generator's adapter and the critic's, or two
+        whole models with full weights): both optimizers' moments count against the limit, and a pass's
+        own gradients (the other's are let go after its step: ``zero_grad(set_to_none=True)``)."""
         self.budget, self.cfg, self.model, self.chunk = budget, cfg, model, chunk_frames
         self.grid, self.text_tokens, self.device, self.dtype = grid, text_tokens, device, dtype
         # every role's model was wrapped (three copies for full weights): the blocks of one run a pass
@@ -105,8 +122,13 @@ class DistillPlanner:
         self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
         self.margin, self.target = plan_target(self.limit, cfg.ac_plan_margin_gib, KEY)  # what the plans aim for
         memory = step_memory(model, optimizer, {}, dtype, device)
-        grads = local_bytes(trainable)
+        grads = local_bytes(p for name in PASSES for p in trainable[name])
         self.memory = dataclasses.replace(memory, grads=grads, optimizer=0 if optimizer.state else 2 * grads)
+        in_blocks = {id(p) for p in model.blocks.parameters()}
+        self.grads = {name: local_bytes(trainable[name]) for name in PASSES}
+        # a pass's gradients made in its blocks' backward (the shared model's: a whole second model's are not
+        # known to be, and count in full)
+        self.block_grads = {name: local_bytes(p for p in trainable[name] if id(p) in in_blocks) for name in PASSES}
         self.cache = PlanCache(cache_dir)
         self.rank = dist.get_rank()
         self.report: dict[str, dict] = {}
@@ -130,6 +152,32 @@ class DistillPlanner:
         """The most frames a grad chunk's cache holds."""
         window = self.cfg.latent_frames if self.cfg.window is None else min(self.cfg.window, self.cfg.latent_frames)
         return window - self.chunk
+
+    @property
+    def chunk_pasts(self) -> list[int]:
+        """The cached frames each grad chunk's exit step attends to: the rollout's last ``grad_chunks``
+        chunks, each over the frames before it that the window keeps."""
+        n = self.cfg.latent_frames // self.chunk
+        return [min(c * self.chunk, self.past_frames) for c in range(n - self.grad_chunks, n)]
+
+    def _unchecked_kept(self, trials: dict[str, EagerTrials]) -> dict[str, EagerTrials]:
+        """``trials`` (measured over the fullest cache) with each kind's unchecked bytes the mean over the grad
+        chunks' own caches: every exit step's activations are held at once until the backward, and an
+        earlier chunk's attention keeps less (each past length measured once, unchecked; rank 0's)."""
+        tokens_per_frame = self.grid[0] * self.grid[1]
+        pasts = self.chunk_pasts
+        out = {}
+        for kind, probe in sorted(self.budget.probes.items()):
+            kept = {self.past_frames: trials[kind].unchecked_kept}
+            for past in sorted(set(pasts) - set(kept)):
+                with forked_rng(self.device):
+                    args = chunk_inputs(self.model, self.chunk, past, tokens_per_frame, self.text_tokens, self.grid,
+                                        self.dtype, self.device)
+                    kept[past] = agree(block_trial(probe, args, PLAIN, compiled=False, repeats=1).kept)
+                del args
+            mean = sum(kept[p] for p in pasts) // len(pasts)
+            out[kind] = dataclasses.replace(trials[kind], unchecked_kept=mean)
+        return out
 
     def _key(self) -> dict:
         cfg = self.cfg
@@ -198,15 +246,19 @@ class DistillPlanner:
             on_top = {"critic": critic_outside.head_bytes, "generator": max(generator_outside.head_bytes, scores)}
             out = {}
             for name, (profiles, pass_counts, parts) in passes.items():
-                room = self.target - sum(parts.values())
+                parts["grads"], absorbed = pass_gradients(self.grads[name], self.block_grads[name],
+                                                          parts["block_inputs"], runs[name])
+                room = self.target - sum(parts.values()) + absorbed
                 plans = plan_blocks(profiles, pass_counts, room)
                 if self.measures():  # the fastest of full, the plan and unchecked blocks; its inputs freed after
                     trials = eager_trials(self.budget.probes, args.pop(name), plans, self.device)
-                    out[name] = eager_entry(profiles, plans, self.counts, runs[name], parts, room, trials,
+                    if name == "generator":
+                        trials = self._unchecked_kept(trials)
+                    out[name] = eager_entry(profiles, plans, self.counts, runs[name], parts, room, trials, absorbed,
                                             on_top=on_top[name])
                 else:  # no trials: the op-level plans as the profile prices them
                     out[name] = plan_entry(profiles, plans, pass_counts, parts,
-                                           sum(pass_counts[k] * plans[k].saved_bytes for k in plans))
+                                           sum(pass_counts[k] * plans[k].saved_bytes for k in plans), absorbed)
         finally:
             for probe in self.budget.probes.values():
                 probe.to("cpu")

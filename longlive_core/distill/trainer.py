@@ -148,7 +148,8 @@ class DMDTrainer:
             self.planner = DistillPlanner(self.budget, cfg, self.roles.modules[0], len(self.roles.modules),
                                           self.critic_opt, self.chunk, (h // ph, w // pw), self.empty_text.shape[1],
                                           self.device, self.dtype, inputs.ac_plans or default_cache_dir(),
-                                          self.roles.generator_params() + self.roles.critic_params())
+                                          {"generator": self.roles.generator_params(),
+                                           "critic": self.roles.critic_params()})
             self.planner.plan()
         self.store = CheckpointStore(inputs.checkpoints, cfg.checkpoint.keep_checkpoints, cfg.checkpoint.keep_runs,
                                      inputs.digest_components, self.roles.is_checkpointed)
