@@ -11,17 +11,17 @@ of the GPU's memory).
 Each pass's floor is what a ``full`` step of it holds (``train.ac_planning.StepMemory``: the frozen
 backbone, the adapters and both optimizers' moments, FSDP's buffers; the pass's own gradients where
 they outgrow the block inputs its backward frees as it makes them (``pass_gradients``: the generator's
-first exit chunk's only); the blocks' inputs; the activations outside the blocks; one block's forward and backward at once). The
-generator's floor also holds every chunk the rollout wrote to its cache (the checkpointed exit steps
-reference the cache as it was until the backward) and runs the scores' forwards on top, without
-gradients: its transient is the larger of a generator block's forward and backward and a score block's
-no-grad forward beside its input (measured on CUDA; elsewhere a critic block's forward and backward).
-Distillation does not compile, so the eager profile prices exactly what the step keeps, but not what
-selective checkpointing costs in Python: on CUDA each pass runs the fastest of ``full``, the
-op-level plan and its last blocks unchecked, as a block measured them
+first exit chunk's only); the blocks' inputs; the activations outside the blocks; one block's forward
+and backward at once). The generator's floor also holds every chunk the rollout wrote to its cache (the
+checkpointed exit steps reference the cache as it was until the backward) and runs the scores' forwards
+on top, without gradients: its transient is the larger of a generator block's forward and backward and
+a score block's no-grad forward beside its input (measured on CUDA; elsewhere a critic block's forward
+and backward). Distillation does not compile, so the eager profile prices exactly what the step keeps,
+but not what selective checkpointing costs in Python: on CUDA each pass runs the fastest of ``full``,
+the op-level plan and its last blocks unchecked, as a block measured them
 (``train.ac_planning.eager_entry``). Profiles and trials run on every rank and rank 0's are every
-rank's; plans are cached on rank 0's disk by what they depend on. Profiling and trials fork the RNG
-and run on a copy of a block: they change no number of the run.
+rank's; plans are cached on rank 0's disk by what they depend on. Profiling and trials fork the RNG and
+run on a copy of a block: they change no number of the run.
 """
 from __future__ import annotations
 
