@@ -260,7 +260,8 @@ def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]]
 
     results = []
     warmup = write_warmup(root / "warmup.txt", TINY if tiny else FULL)
-    with Generator(root / model, production_generate({**base, "kv": rows[0][0], "attention": rows[0][2]})) as generator:
+    with Generator(root / model, production_generate({**base, "kv": rows[0][0], "attention": rows[0][2]}),
+                   keep_text_encoder=True) as generator:  # as evaluate's suite loads it
         side = generator.generate(warmup, root / "warmup.mp4", rows[0][1], on_frame=stamp)
         results.append(row_of(side, model, precision, warmup=True, first_frame_from_process_s=first[0] - started))
         report(results[-1], out)

@@ -1,9 +1,9 @@
-"""A prompt file's embedding in ``longlive generate``, side by side in one process: umT5 loaded from its
-folder for the file (``text_encoder_from`` onto the GPU, as ``Generator.prepare`` did before
-``HostTextEncoder``) against the encoder kept page-locked in host memory and copied to the GPU for the
-file (``HostTextEncoder.on``, what ``Generator.prepare`` runs now). Each: seconds from the call to the
-embeddings on the GPU, over the two-shot prompt file's prompts, repeated; the kept encoder's one-time
-load (the Generator's, once a process) reported apart.
+"""A prompt file's embedding in ``longlive generate``'s ``Generator``, side by side in one process: umT5
+loaded from its folder onto the GPU for the file (``FileTextEncoder``: ``longlive generate``, one video
+a process) against the encoder kept page-locked in host memory and copied to the GPU for the file
+(``HostTextEncoder``: a Generator made with ``keep_text_encoder``, as evaluate's suite makes it). Each:
+seconds from the call to the embeddings on the GPU, over the two-shot prompt file's prompts, repeated;
+the kept encoder's one-time load (once a process) and the host memory it holds reported apart.
 
     python bench/prompt_embedding.py /tmp/llp/umt5 --max-length 512    # after generate_product.py make
 """
@@ -20,8 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from longlive_core.infer.text_on_host import HostTextEncoder  # noqa: E402
-from longlive_core.models.text import text_encoder_from  # noqa: E402
+from longlive_core.infer.text_on_host import FileTextEncoder, HostTextEncoder  # noqa: E402
 
 PROMPTS = ["a red kite over the beach at dusk, waves rolling in",
            "The scene transitions. a lighthouse on the cliff, its beam sweeping the sea"]
@@ -45,8 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda")
 
     def fresh() -> None:  # loaded for the file, let go after
-        encoder = text_encoder_from(args.folder, args.max_length, device)
-        encoder.encode(PROMPTS)
+        with FileTextEncoder(args.folder, args.max_length, device).on() as encoder:
+            encoder.encode(PROMPTS)
 
     def kept_file() -> None:
         with kept.on() as encoder:
@@ -61,12 +60,18 @@ def main(argv: list[str] | None = None) -> None:
         rows["loaded_per_file"].append(timed(fresh))
         rows["host_kept"].append(timed(kept_file))
     fresh_s, kept_s = (statistics.median(rows[k]) for k in ("loaded_per_file", "host_kept"))
+    host = dict(torch.cuda.host_memory_stats()) if hasattr(torch.cuda, "host_memory_stats") else {}
     row = {"device": torch.cuda.get_device_name(), "loaded_per_file_s": rows["loaded_per_file"],
            "host_kept_s": rows["host_kept"], "speedup": fresh_s / kept_s, "host_kept_load_s": load_s,
-           "host_bytes": sum(t.nbytes for t in kept.weights)}
+           "host_bytes": sum(t.nbytes for t in kept.weights),
+           # what torch's host allocator holds for them (its blocks rounded up to powers of two) and the time
+           # its CUDA calls took to page-lock them (keys of torch 2.14; None where the version lacks them)
+           "host_allocated_bytes": host.get("allocated_bytes.current"),
+           "host_alloc_s": host.get("host_alloc_time.total", 0) / 1e6 or None}
     print(f"prompt file embedded: loaded for the file {fresh_s:.2f} s, kept on the host {kept_s:.2f} s "
           f"({fresh_s / kept_s:.2f}x; medians of {args.repeats}); the kept encoder's load {load_s:.1f} s once, "
-          f"{row['host_bytes'] / 2**30:.1f} GiB page-locked", flush=True)
+          f"{row['host_bytes'] / 2**30:.1f} GiB page-locked (the host allocator's blocks: "
+          f"{(row['host_allocated_bytes'] or 0) / 2**30:.1f} GiB)", flush=True)
     if args.json:
         with args.json.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -16,6 +16,7 @@ import torch
 from longlive_core.cli import main as longlive
 from longlive_core.config import ConfigError, from_mapping
 from longlive_core.infer import generate as generate_module
+from longlive_core.infer import text_on_host
 from longlive_core.infer.decode import FrameStream, ShotDecoder
 from longlive_core.infer.engine import GenerateConfig, generate
 from longlive_core.infer.generate import Generator, generate_file
@@ -199,9 +200,10 @@ def test_same_seed_same_frames_and_async_decoding_equals_sync(model_dir, tmp_pat
 
 
 def test_one_generator_makes_many_videos_on_one_load_as_generate_file_makes_each(model_dir, tmp_path, monkeypatch):
-    """evaluate's suite and the product bench load a model folder once for many videos: each video's
-    frames are generate_file's; the KV cache and the steps may change per video, the precision may not;
-    closed, the generator lets the model go."""
+    """evaluate's suite and the product bench load a model folder once for many videos, umT5 kept in host
+    memory (never loaded again from its folder): each video's frames are generate_file's (umT5 loaded for
+    the file); the KV cache and the steps may change per video, the precision may not; closed, the
+    generator lets the model and the encoder go."""
     prompts = tmp_path / "p.txt"
     prompts.write_text(TWO_SHOTS)
 
@@ -213,8 +215,9 @@ def test_one_generator_makes_many_videos_on_one_load_as_generate_file_makes_each
     loads = []
     real = generate_module.prepare_model
     monkeypatch.setattr(generate_module, "prepare_model", lambda *a: loads.append(a) or real(*a))
+    monkeypatch.setattr(text_on_host, "text_encoder_from", lambda *a: pytest.fail("umT5 loaded again"))
     videos: list[list[str]] = [[], []]
-    with Generator(model_dir, config()) as generator:
+    with Generator(model_dir, config(), keep_text_encoder=True) as generator:
         for i, video in enumerate(videos):
             side = generator.generate(prompts, tmp_path / f"{i}.mp4", on_frame=hashes(video))
         other = generator.generate(prompts, tmp_path / "kv.mp4", 2, config(kv="nvfp4"))
@@ -236,7 +239,7 @@ def test_one_generator_makes_many_videos_on_one_load_as_generate_file_makes_each
     assert len(loads) == 1 and videos[0] == videos[1] == alone
     assert side["load_s"] > 0 and side["first_frame_s"] < side["wall_s"]
     assert other["kv"] == "nvfp4" and len(other["steps"]) == 3
-    assert model() is None and not (tmp_path / "fp8.mp4").exists()
+    assert model() is None and generator.text is None and not (tmp_path / "fp8.mp4").exists()
     with pytest.raises(RuntimeError, match="closed"):
         generator.generate(prompts, tmp_path / "late.mp4")
 

@@ -144,7 +144,8 @@ def evaluate_suite(model_dir: Path, cfg: EvaluateConfig, generate: GenerateConfi
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
     videos, ran = {}, {}
-    with Generator(model_dir, generate) as generator:  # loaded once for the suite; let go before the metrics below
+    # loaded once for the suite (umT5 kept in host memory between its prompt files); let go before the metrics below
+    with Generator(model_dir, generate, keep_text_encoder=True) as generator:
         for name, text in sorted(cfg.suite.items()):
             prompts = out.videos / f"{name}.txt"
             write_bytes(text.encode("utf-8"), prompts)

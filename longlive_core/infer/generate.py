@@ -46,7 +46,7 @@ from longlive_core.infer.kv_cache import ATTENTIONS
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, Segment, ShotPlan, parse_prompts, plan_shots, read_prompt_file
 from longlive_core.infer.sampling import RunSampling, run_sampling
-from longlive_core.infer.text_on_host import HostTextEncoder
+from longlive_core.infer.text_on_host import FileTextEncoder, HostTextEncoder
 from longlive_core.io.atomic import atomic_path, write_json
 from longlive_core.models.encoders import check_encoders
 from longlive_core.models.folder import read_dit_folder
@@ -103,10 +103,13 @@ class Generator:
     VAE on rank 0, for any number of prompt files (evaluate's suite, a benchmark's rows). Loading it
     again for every video costs seconds each time, and with compiled blocks on torch 2.11 (CUDA) every
     load left the previous DiT on the GPU: 9 GiB more for each video (bench/RESULTS.md). ``close``
-    (or leaving a ``with`` block) lets it go, and the compiled code with it. umT5 is kept in host memory
-    and copied to the GPU for each prompt file's embedding, gone before the DiT runs (11 GB in bf16)."""
+    (or leaving a ``with`` block) lets it go, and the compiled code with it. umT5 is on the GPU only
+    while a prompt file is embedded (11 GB in bf16): loaded from its folder for the file, or with
+    ``keep_text_encoder`` (a process that makes many videos) kept in host memory and copied
+    (``infer/text_on_host.py``)."""
 
-    def __init__(self, model_dir: str | Path, cfg: GenerateConfig, shard: SequenceShard = WHOLE):
+    def __init__(self, model_dir: str | Path, cfg: GenerateConfig, shard: SequenceShard = WHOLE,
+                 keep_text_encoder: bool = False):
         start = time.perf_counter()
         self.model_dir, self.cfg, self.shard = Path(model_dir), cfg, shard
         self.device = pick_device(cfg.device, "generate.device")
@@ -121,7 +124,8 @@ class Generator:
         check_attention(cfg, self.device)
         self.encoders = check_encoders(self.folder, self.model_dir)  # the ones it was made with, before loading
         self.model, self.config, self.recipe = prepare_model(self.model_dir, cfg.precision, self.device)
-        self.text = HostTextEncoder(self.encoders["text_encoder"], self.config.text_encoder.max_length, self.device)
+        self.text = (HostTextEncoder if keep_text_encoder else FileTextEncoder)(
+            self.encoders["text_encoder"], self.config.text_encoder.max_length, self.device)
         if cfg.compile:
             for block in self.model.blocks:
                 block.compile()
@@ -140,6 +144,8 @@ class Generator:
         self.close()
 
     def close(self) -> None:
+        if self.text is not None:
+            self.text.close()
         self.model = self.decoder = self.text = None
         if self.cfg.compile:  # Dynamo's caches hold the compiled blocks' code, and with it what it was traced on
             torch._dynamo.reset()

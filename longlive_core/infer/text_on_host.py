@@ -1,10 +1,12 @@
-"""umT5 kept in host memory by a process that embeds many prompt files (``Generator``).
+"""The text encoder of a ``Generator``: loaded from its folder for each prompt file, or kept in host memory.
 
-Loading umT5-XXL's 11 GB from its folder for every prompt file took 1.2 s of a later video's 2.8 s to
-its first frame on the H200 (bench/RESULTS.md), most of it pageable host-to-device copies. Kept
-page-locked on the host, its weights are copied to the GPU for one file's embedding at the link's
-speed and let go after, so nothing of umT5 is on the GPU while the DiT runs. The price: the weights
-stay in the process's host memory (11 GB a rank).
+One video a process (``longlive generate``): umT5 is loaded onto the GPU for the prompt file and let
+go before the DiT runs (``FileTextEncoder``). Many videos a process (evaluate's suite, the benches):
+loading umT5-XXL's 11 GB from its folder for every prompt file took 1.26 s on an H100, most of it
+pageable host-to-device copies; kept page-locked on the host, its weights are copied to the GPU for a
+file's embedding in 0.26 s and let go after (``HostTextEncoder``, bench/RESULTS.md). The price: a
+5.0 s load once, and the weights held in the process's host memory (page-locked blocks are rounded up
+to powers of two by torch's host allocator: about 14 GiB for umT5-XXL's 10.6), per rank.
 """
 from __future__ import annotations
 
@@ -14,12 +16,27 @@ from collections.abc import Iterator
 
 import torch
 
-from longlive_core.models.text import TextEncoder, load_text_encoder, text_dtype, tiny_text_encoder
+from longlive_core.models.text import TextEncoder, load_text_encoder, text_dtype, text_encoder_from, tiny_text_encoder
+
+
+class FileTextEncoder:
+    """``on()``: the encoder loaded from its folder onto ``device`` for a block (``text_encoder_from``)."""
+
+    def __init__(self, path: str, max_length: int, device: torch.device | str):
+        self.path, self.max_length, self.device = path, max_length, torch.device(device)
+
+    @contextlib.contextmanager
+    def on(self) -> Iterator[TextEncoder]:
+        yield text_encoder_from(self.path, self.max_length, self.device)
+
+    def close(self) -> None:
+        pass
 
 
 class HostTextEncoder:
     """``text_encoder_from``'s encoder for ``device``, in its dtype but held on the host (page-locked
-    where ``device`` is a GPU); ``on()`` puts its weights on ``device`` for a block."""
+    where ``device`` is a GPU); ``on()`` puts its weights on ``device`` for a block (one block at a
+    time: the weights are swapped in place)."""
 
     def __init__(self, path: str, max_length: int, device: torch.device | str):
         self.device = torch.device(device)
@@ -48,3 +65,10 @@ class HostTextEncoder:
         finally:
             for t, data in zip(self.weights, host):
                 t.data = data
+
+    def close(self) -> None:
+        """Gives the page-locked memory back to the system (torch's host allocator keeps freed blocks)."""
+        self.weights = []
+        self.encoder = None
+        if self.device.type == "cuda" and hasattr(torch._C, "_host_emptyCache"):
+            torch._C._host_emptyCache()
