@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from longlive_core.infer.text_on_host import FileTextEncoder, HostTextEncoder  # noqa: E402
+from longlive_core.infer.text_encoder import FileTextEncoder, HostTextEncoder  # noqa: E402
 
 PROMPTS = ["a red kite over the beach at dusk, waves rolling in",
            "The scene transitions. a lighthouse on the cliff, its beam sweeping the sea"]

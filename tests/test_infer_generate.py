@@ -16,7 +16,7 @@ import torch
 from longlive_core.cli import main as longlive
 from longlive_core.config import ConfigError, from_mapping
 from longlive_core.infer import generate as generate_module
-from longlive_core.infer import text_on_host
+from longlive_core.infer import text_encoder
 from longlive_core.infer.decode import FrameStream, ShotDecoder
 from longlive_core.infer.engine import GenerateConfig, generate
 from longlive_core.infer.generate import Generator, generate_file
@@ -215,7 +215,7 @@ def test_one_generator_makes_many_videos_on_one_load_as_generate_file_makes_each
     loads = []
     real = generate_module.prepare_model
     monkeypatch.setattr(generate_module, "prepare_model", lambda *a: loads.append(a) or real(*a))
-    monkeypatch.setattr(text_on_host, "text_encoder_from", lambda *a: pytest.fail("umT5 loaded again"))
+    monkeypatch.setattr(text_encoder, "text_encoder_from", lambda *a: pytest.fail("umT5 loaded again"))
     videos: list[list[str]] = [[], []]
     with Generator(model_dir, config(), keep_text_encoder=True) as generator:
         for i, video in enumerate(videos):

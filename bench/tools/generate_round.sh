@@ -90,7 +90,7 @@ for part in "$@"; do case $part in
                     --compile 1 --steps 1 --ac $ac --memory-peak --out "$out"; done ;;
     gpu_tests) run gpu_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_ac_budget.py \
                tests/test_infer_kv_attention.py tests/test_infer_attention_8bit.py tests/test_infer_attention_cudnn_fp8.py tests/test_infer_attention_fp8_io.py \
-               tests/test_quant_triton.py tests/test_quant_packed.py tests/test_train_parallelize.py tests/test_infer_vae_upsample.py tests/test_gpu_host_sync.py tests/test_infer_text_on_host.py --durations=10 \
+               tests/test_quant_triton.py tests/test_quant_packed.py tests/test_train_parallelize.py tests/test_infer_vae_upsample.py tests/test_gpu_host_sync.py tests/test_infer_text_encoder.py --durations=10 \
                -k "(gpu or compiled or cuda or under_compile) and not test_triton_matches_torch_on_the_gpu" ;;
     gpu_quant_tests) run gpu_quant_tests python3 -m pytest -q --noconftest -p tests.helpers.gloo tests/test_quant_triton.py \
                      -k test_triton_matches_torch_on_the_gpu ;;  # ~4.5 min on the H200: every quantize variant compiled

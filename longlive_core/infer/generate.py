@@ -46,7 +46,7 @@ from longlive_core.infer.kv_cache import ATTENTIONS
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, Segment, ShotPlan, parse_prompts, plan_shots, read_prompt_file
 from longlive_core.infer.sampling import RunSampling, run_sampling
-from longlive_core.infer.text_on_host import FileTextEncoder, HostTextEncoder
+from longlive_core.infer.text_encoder import FileTextEncoder, HostTextEncoder
 from longlive_core.io.atomic import atomic_path, write_json
 from longlive_core.models.encoders import check_encoders
 from longlive_core.models.folder import read_dit_folder
@@ -106,7 +106,7 @@ class Generator:
     (or leaving a ``with`` block) lets it go, and the compiled code with it. umT5 is on the GPU only
     while a prompt file is embedded (11 GB in bf16): loaded from its folder for the file, or with
     ``keep_text_encoder`` (a process that makes many videos) kept in host memory and copied
-    (``infer/text_on_host.py``)."""
+    (``infer/text_encoder.py``)."""
 
     def __init__(self, model_dir: str | Path, cfg: GenerateConfig, shard: SequenceShard = WHOLE,
                  keep_text_encoder: bool = False):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longlive_core.infer.text_on_host import FileTextEncoder, HostTextEncoder
+from longlive_core.infer.text_encoder import FileTextEncoder, HostTextEncoder
 from longlive_core.models.text import text_encoder_from
 
 
