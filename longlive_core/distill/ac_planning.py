@@ -122,10 +122,10 @@ class DistillPlanner:
         self.limit = memory_limit(cfg.ac_memory_limit_gib, device, KEY)
         self.margin, self.target = plan_target(self.limit, cfg.ac_plan_margin_gib, KEY)  # what the plans aim for
         memory = step_memory(model, optimizer, {}, dtype, device)
-        grads = local_bytes(p for name in PASSES for p in trainable[name])
+        self.grads = {name: local_bytes(trainable[name]) for name in PASSES}
+        grads = sum(self.grads.values())
         self.memory = dataclasses.replace(memory, grads=grads, optimizer=0 if optimizer.state else 2 * grads)
         in_blocks = {id(p) for p in model.blocks.parameters()}
-        self.grads = {name: local_bytes(trainable[name]) for name in PASSES}
         # a pass's gradients made in its blocks' backward (the shared model's: a whole second model's are not
         # known to be, and count in full)
         self.block_grads = {name: local_bytes(p for p in trainable[name] if id(p) in in_blocks) for name in PASSES}

@@ -30,7 +30,7 @@ class FileTextEncoder:
         yield text_encoder_from(self.path, self.max_length, self.device)
 
     def close(self) -> None:
-        pass
+        """Nothing is held between prompt files."""
 
 
 class HostTextEncoder:
@@ -41,7 +41,9 @@ class HostTextEncoder:
     def __init__(self, path: str, max_length: int, device: torch.device | str):
         self.device = torch.device(device)
         dtype = text_dtype(self.device)
-        # loaded on the CPU in the device's dtype: umT5-XXL in float32 would be 22 GB
+        # loaded on the CPU in the device's dtype (umT5-XXL in float32 would be 22 GB): text_encoder_from takes
+        # the device's dtype only onto the device, and models/text.py is in encode_latents' reuse key (a change
+        # there encodes every cached latent again), so its two branches are repeated here
         self.encoder = tiny_text_encoder(dim=32, max_length=max_length) if path == "tiny" else \
             load_text_encoder(path, max_length=max_length, dtype=dtype)
         self.encoder.model.to(dtype)
