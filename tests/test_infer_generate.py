@@ -584,3 +584,10 @@ def test_enhance_rewrites_the_prompt_file_or_keeps_it_with_the_reason(model_dir,
     assert e["rewritten"] and e["original"] == TWO_SHOTS and len(e["examples"]) == 1 and e["examples"][0] in captions
     assert f"Example of the style: {e['examples'][0]}" in requests[0]
     assert side["shots"][0]["prompts"] == ["A RED KITE OVER A BEACH", "THE KITE DIVES"]
+    # under --sp rank 0 embeds for the others, which hold no text encoder and refuse enhance on their own
+    from longlive_core.distributed.ulysses import SequenceShard
+
+    with Generator(model_dir, config(), SequenceShard(1, 2)) as other_rank:
+        assert other_rank.text is None
+        with pytest.raises(ConfigError, match="generate.enhance with --sp > 1"):
+            other_rank.prepare(prompts, cfg=config(enhance=True))

@@ -46,6 +46,7 @@ from longlive_core.infer.kv_cache import ATTENTIONS
 from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import PromptFileError, Segment, ShotPlan, parse_prompts, plan_shots, read_prompt_file
 from longlive_core.infer.sampling import RunSampling, run_sampling
+from longlive_core.infer.sequence_parallel import from_first_rank
 from longlive_core.infer.text_encoder import FileTextEncoder, HostTextEncoder
 from longlive_core.io.atomic import atomic_path, write_json
 from longlive_core.models.encoders import check_encoders
@@ -124,8 +125,10 @@ class Generator:
         check_attention(cfg, self.device)
         self.encoders = check_encoders(self.folder, self.model_dir)  # the ones it was made with, before loading
         self.model, self.config, self.recipe = prepare_model(self.model_dir, cfg.precision, self.device)
-        self.text = (HostTextEncoder if keep_text_encoder else FileTextEncoder)(
-            self.encoders["text_encoder"], self.config.text_encoder.max_length, self.device)
+        self.text = None  # under --sp rank 0 embeds every prompt file for all ranks
+        if shard.rank == 0:
+            self.text = (HostTextEncoder if keep_text_encoder else FileTextEncoder)(
+                self.encoders["text_encoder"], self.config.text_encoder.max_length, self.device)
         if cfg.compile:
             for block in self.model.blocks:
                 block.compile()
@@ -175,13 +178,19 @@ class Generator:
         latent = config.latent
         prefixed = config.multi_shot.scene_transition_prefix  # the captions the model was trained on
         segments = parse_prompts(text, cfg.default_duration_s, str(prompts), prefixed)
-        enhancement = None
-        with self.text.on() as encoder:  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
-            if cfg.enhance:
-                enhancement = self.enhanced(text, segments, cfg, encoder, str(prompts))
-                segments = parse_prompts(enhancement.enhanced, cfg.default_duration_s, str(prompts), prefixed)
-            plan = plan_shots(segments, config.video.fps, latent.chunk_frames, latent.temporal_stride)
-            embedded = encoder.encode([s.prompt for s in segments])
+        if cfg.enhance and self.shard.size > 1:  # refused by every rank, before rank 0 embeds for the others
+            raise ConfigError("generate.enhance with --sp > 1: every rank would have to be given rank 0's rewrite; "
+                              "enhance the prompt file in a run of one rank, or turn enhance off")
+        enhancement = embedded = None
+        if self.text is not None:
+            with self.text.on() as encoder:  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
+                if cfg.enhance:
+                    enhancement = self.enhanced(text, segments, cfg, encoder, str(prompts))
+                    segments = parse_prompts(enhancement.enhanced, cfg.default_duration_s, str(prompts), prefixed)
+                embedded = encoder.encode([s.prompt for s in segments])
+        if self.shard.size > 1:
+            embedded = from_first_rank(embedded, self.shard, self.device)
+        plan = plan_shots(segments, config.video.fps, latent.chunk_frames, latent.temporal_stride)
         encoded_at = time.perf_counter()
         texts = [embedded[i:i + 1] for i in range(len(segments))]
         _, ph, pw = model.cfg.patch_size
@@ -198,9 +207,6 @@ class Generator:
     def enhanced(self, text: str, segments: list[Segment], cfg: GenerateConfig, encoder, source: str) -> Enhancement:
         """The prompt file rewritten by ``cfg.enhance_model`` (loaded for this file and let go, as umT5 is),
         shown the example bank's captions nearest the prompts by their pooled umT5 embeddings."""
-        if self.shard.size > 1:
-            raise ConfigError("generate.enhance with --sp > 1: every rank would have to be given rank 0's rewrite; "
-                              "enhance the prompt file in a run of one rank, or turn enhance off")
         from longlive_core.caption.config import CaptionConfig
         from longlive_core.caption.model import CaptionModel
 

@@ -9,6 +9,7 @@ distillation's rollouts run this.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from longlive_core.distributed.ulysses import SequenceShard, UlyssesAttention
 from longlive_core.infer.kv_cache import KVCache
@@ -30,3 +31,21 @@ class ShardedCache:
 
     def for_layer(self, index: int) -> _ShardedLayer:
         return _ShardedLayer(self.shard, self.cache.for_layer(index))
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def from_first_rank(x: torch.Tensor | None, shard: SequenceShard, device: torch.device) -> torch.Tensor:
+    """Rank 0's ``x`` (a 3-d tensor on ``device``; the other ranks pass None) on every rank of ``shard``:
+    the prompts' embeddings, which one rank makes for all (umT5-XXL is 11 GB a rank otherwise)."""
+    header = torch.zeros(4, dtype=torch.int64, device=device)
+    if shard.rank == 0:
+        header.copy_(torch.tensor([_DTYPES.index(x.dtype), *x.shape]))
+    dist.broadcast(header, group=shard.group, group_src=0)
+    if shard.rank != 0:
+        code, *shape = header.tolist()
+        x = torch.empty(shape, dtype=_DTYPES[code], device=device)
+    x = x.contiguous()
+    dist.broadcast(x, group=shard.group, group_src=0)
+    return x

@@ -40,6 +40,8 @@ class LatentRecorder:
 def record(spec: dict, shard: SequenceShard) -> tuple[torch.Tensor, dict] | None:
     cfg = from_mapping(GenerateConfig, spec["generate"], "generate")
     with Generator(Path(spec["model"]), cfg, shard) as generator:
+        # rank 0 embeds the prompts for every rank: no other rank loads the text encoder
+        assert (generator.text is None) == (shard.rank != 0), (shard.rank, generator.text)
         run = generator.prepare(Path(spec["prompts"])).run
         recorder = LatentRecorder() if shard.rank == 0 else None
         stats = run(stream=recorder)
