@@ -30,7 +30,12 @@ def test_a_host_kept_encoder_copies_its_weights_to_the_gpu_for_the_block_only():
     (the tied embedding copied once), and the embeddings are those of an encoder loaded onto the GPU."""
     device = torch.device("cuda")
     kept = HostTextEncoder("tiny", 16, device)
+    kept.pinned()
     assert all(t.device.type == "cpu" and t.is_pinned() and t.dtype == torch.bfloat16 for t in kept.weights)
+    # views of one page-locked buffer of their own size (torch's pinned blocks round up to powers of two)
+    buffer = kept.slab.bytes.untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == buffer for t in kept.weights)
+    assert kept.slab.bytes.nbytes < sum(t.nbytes for t in kept.weights) + 256 * len(kept.weights) + 4096
     before = torch.cuda.memory_allocated(device)
     with kept.on() as encoder:
         out = encoder.encode(["a red ball", "a kite"])
@@ -45,8 +50,32 @@ def test_a_host_kept_encoder_copies_its_weights_to_the_gpu_for_the_block_only():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the device tool)")
 def test_a_host_kept_encoders_weights_go_back_to_the_host_when_the_block_raises_on_the_gpu():
     kept = HostTextEncoder("tiny", 16, "cuda")
+    kept.pinned()
     host = [t.data_ptr() for t in kept.weights]
     with pytest.raises(RuntimeError, match="a bad prompt"):
         with kept.on():
             raise RuntimeError("a bad prompt")
     assert [t.data_ptr() for t in kept.weights] == host and all(t.is_pinned() for t in kept.weights)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the device tool)")
+def test_the_first_block_waits_for_page_locking_and_a_failure_to_lock_is_raised_there(monkeypatch):
+    kept = HostTextEncoder("tiny", 16, "cuda")  # page-locking in its thread as the block starts
+    with kept.on() as encoder:
+        out = encoder.encode(["a red ball"])
+    assert kept.pinning is None and all(t.is_pinned() for t in kept.weights)
+    HostTextEncoder("tiny", 16, "cuda").pinned()  # small buffers beside each other: each locks pages of its own,
+    HostTextEncoder("tiny", 16, "cuda").pinned()  # and one let go without close() unlocks them
+    assert torch.equal(out, text_encoder_from("tiny", 16, "cuda").encode(["a red ball"]))
+    kept.close()
+    assert kept.slab is None and kept.weights == []
+
+    def refused(self, index):
+        raise RuntimeError("page-locking 0.0 GiB of host memory for the text encoder failed")
+
+    monkeypatch.setattr(HostTextEncoder, "_pin", refused)
+    kept = HostTextEncoder("tiny", 16, "cuda")
+    with pytest.raises(RuntimeError, match="page-locking"):
+        with kept.on():
+            pass
+    kept.close()  # the error was told once

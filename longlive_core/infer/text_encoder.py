@@ -5,18 +5,53 @@ go before the DiT runs (``FileTextEncoder``). Many videos a process (evaluate's 
 loading umT5-XXL's 11 GB from its folder for every prompt file took 1.26 s on an H100, most of it
 pageable host-to-device copies; kept page-locked on the host, its weights are copied to the GPU for a
 file's embedding in 0.26 s and let go after (``HostTextEncoder``, bench/RESULTS.md). The price: a
-5.0 s load once, and the weights held in the process's host memory (page-locked blocks are rounded up
-to powers of two by torch's host allocator: about 14 GiB for umT5-XXL's 10.6), per rank.
+load once (the page-locking in a thread beside the rest of the model's), and the weights held in the
+process's host memory, per rank: umT5-XXL's 10.6 GiB in one buffer.
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
+import mmap
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import torch
 
 from longlive_core.models.text import TextEncoder, load_text_encoder, text_dtype, text_encoder_from, tiny_text_encoder
+
+_ALIGN = 256  # bytes: each weight's offset in the host buffer (as cudaMalloc aligns)
+
+
+class LockedBuffer:
+    """Host bytes page-locked where they lie (``cudaHostRegister``) and unlocked before they can be freed.
+    The driver locks whole pages, and a page locked twice is refused: the buffer owns its pages alone."""
+
+    def __init__(self, nbytes: int, device: torch.device):
+        page, self.device, self.locked = mmap.PAGESIZE, device, False
+        size = max(-(-nbytes // page) * page, page)
+        raw = torch.empty(size + page, dtype=torch.uint8)
+        start = -raw.data_ptr() % page
+        self.bytes = raw[start:start + size]
+
+    def lock(self) -> None:
+        error = int(torch.cuda.cudart().cudaHostRegister(self.bytes.data_ptr(), self.bytes.nbytes, 0))
+        if error:
+            raise RuntimeError(f"page-locking {self.bytes.nbytes / 2**30:.1f} GiB of host memory for the text encoder "
+                               f"failed (cudaError {error}): is the locked-memory limit (ulimit -l) below it?")
+        self.locked = True
+
+    def unlock(self) -> None:
+        if self.locked:
+            torch.cuda.synchronize(self.device)  # no copy from it still in flight
+            self.locked = False
+            error = int(torch.cuda.cudart().cudaHostUnregister(self.bytes.data_ptr()))
+            if error:
+                raise RuntimeError(f"unlocking the text encoder's host buffer failed (cudaError {error})")
+
+    def __del__(self) -> None:  # a buffer freed still locked would leave its pages locked for whatever comes next
+        with contextlib.suppress(Exception):
+            self.unlock()
 
 
 class FileTextEncoder:
@@ -36,7 +71,8 @@ class FileTextEncoder:
 class HostTextEncoder:
     """``text_encoder_from``'s encoder for ``device``, in its dtype but held on the host (page-locked
     where ``device`` is a GPU); ``on()`` puts its weights on ``device`` for a block (one block at a
-    time: the weights are swapped in place)."""
+    time: the weights are swapped in place). Page-locking runs in a thread of its own, beside what
+    the caller loads next (``Generator``: the VAE and its decoder's compile); the first ``on()`` waits for it."""
 
     def __init__(self, path: str, max_length: int, device: torch.device | str):
         self.device = torch.device(device)
@@ -49,9 +85,38 @@ class HostTextEncoder:
         self.encoder.model.to(dtype)
         self.weights = [t for _, t in itertools.chain(self.encoder.model.named_parameters(),
                                                       self.encoder.model.named_buffers())]
+        self.pinning: Future | None = None
+        self.slab: LockedBuffer | None = None  # the weights' page-locked host buffer
         if self.device.type == "cuda":
-            for t in self.weights:
-                t.data = t.data.pin_memory()
+            # the new thread's current device is GPU 0: set to this one's first, or every rank makes a context there
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            pool = ThreadPoolExecutor(1, thread_name_prefix="pin-text-encoder")
+            self.pinning = pool.submit(self._pin, index)
+            pool.shutdown(wait=False)
+
+    def _pin(self, index: int) -> None:
+        """The weights copied into one host buffer, which is then page-locked where it lies: torch's pinned
+        blocks are rounded up to powers of two (about 14 GiB held for umT5-XXL's 10.6), a locked buffer
+        is its own size."""
+        torch.cuda.set_device(index)
+        offsets, total = [], 0
+        for t in self.weights:
+            total = -(-total // _ALIGN) * _ALIGN
+            offsets.append(total)
+            total += t.nbytes
+        slab = LockedBuffer(total, torch.device("cuda", index))
+        for t, offset in zip(self.weights, offsets):  # one weight at a time: its pageable copy goes as it moves
+            view = slab.bytes[offset:offset + t.nbytes].view(t.dtype).view(t.shape)
+            view.copy_(t.data)
+            t.data = view
+        slab.lock()
+        self.slab = slab
+
+    def pinned(self) -> None:
+        """Waits for the weights to be page-locked (raising what page-locking raised)."""
+        if self.pinning is not None:
+            self.pinning.result()
+            self.pinning = None
 
     @contextlib.contextmanager
     def on(self) -> Iterator[TextEncoder]:
@@ -59,6 +124,7 @@ class HostTextEncoder:
         if self.device.type == "cpu":
             yield self.encoder
             return
+        self.pinned()
         host = [t.data for t in self.weights]
         try:
             for t in self.weights:
@@ -69,8 +135,9 @@ class HostTextEncoder:
                 t.data = data
 
     def close(self) -> None:
-        """Gives the page-locked memory back to the system (torch's host allocator keeps freed blocks)."""
-        self.weights = []
-        self.encoder = None
-        if self.device.type == "cuda" and hasattr(torch._C, "_host_emptyCache"):
-            torch._C._host_emptyCache()
+        """Gives the page-locked memory back to the system."""
+        if self.pinning is not None:  # its error, if any, was raised by on() or has no one to tell now
+            wait([self.pinning])
+        if self.slab is not None:
+            self.slab.unlock()
+        self.weights, self.encoder, self.slab = [], None, None
