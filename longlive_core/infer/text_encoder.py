@@ -28,11 +28,11 @@ class LockedBuffer:
     The driver locks whole pages, and a page locked twice is refused: the buffer owns its pages alone."""
 
     def __init__(self, nbytes: int, device: torch.device):
-        page, self.device, self.locked = mmap.PAGESIZE, device, False
-        size = max(-(-nbytes // page) * page, page)
-        raw = torch.empty(size + page, dtype=torch.uint8)
-        start = -raw.data_ptr() % page
-        self.bytes = raw[start:start + size]
+        self.device, self.locked = device, False
+        size = max(-(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE, mmap.PAGESIZE)
+        # an anonymous mapping: pages of its own from its first byte, the storage's (torch's is_pinned asks
+        # about a storage's first byte, and copies from it are asynchronous only where it is locked)
+        self.bytes = torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
 
     def lock(self) -> None:
         error = int(torch.cuda.cudart().cudaHostRegister(self.bytes.data_ptr(), self.bytes.nbytes, 0))
