@@ -59,7 +59,7 @@ def test_a_host_kept_encoders_weights_go_back_to_the_host_when_the_block_raises_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the device tool)")
-def test_the_first_block_waits_for_page_locking_and_a_failure_to_lock_is_raised_there(monkeypatch):
+def test_the_first_block_waits_for_page_locking_and_a_failure_to_lock_is_raised_there_on_the_gpu(monkeypatch):
     kept = HostTextEncoder("tiny", 16, "cuda")  # page-locking in its thread as the block starts
     with kept.on() as encoder:
         out = encoder.encode(["a red ball"])
