@@ -243,9 +243,14 @@ def profile_row(generator: Generator, root: Path, steps: int, cfg: GenerateConfi
     with profile(activities=activities) as prof:
         generator.generate(prompts, root / "profile.mp4", steps, cfg)
     print(f"# profile: a {seconds:.2f} s video (about {chunks} chunks), kv {cfg.kv}, {steps} steps", flush=True)
-    print_kernels(prof, 20, {"attention": ("flash", "fmha", "attention", "sdpa", "cudnn"),
-                             "kv (de)quantization": ("dequant", "quant", "e4m3", "fp8_rows"),
-                             "convolutions": ("conv", "xmma")})
+    # each kernel in the first group that names it: the decoder's convolutions before the GEMMs (cuDNN's
+    # are implicit GEMMs), the compiled blocks' and decoder's fused Triton kernels apart from both
+    print_kernels(prof, 20, {"quantization (KV, activations)": ("dequant", "quant", "e4m3", "fp8_rows"),
+                             "convolutions": ("conv", "fprop", "dgrad", "implicit"),
+                             "attention": ("flash", "fmha", "attention", "sdpa"),
+                             "GEMMs": ("gemm", "nvjet", "cutlass", "xmma"),
+                             "Triton (compiled)": ("triton",),
+                             "copies": ("memcpy", "memset", "copy")})
 
 
 def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]], device: str, tiny: bool,

@@ -36,15 +36,22 @@ def one_rank_group() -> None:
 
 def print_kernels(prof, top: int = 12, shares: dict[str, tuple[str, ...]] | None = None) -> None:
     """``prof`` (a finished torch.profiler run)'s kernels by device time, the ``top`` longest, and the
-    share of device time of the kernels whose names hold any of each group's words (case ignored)."""
+    share of device time of each group of ``shares``: a kernel belongs to the first group holding any
+    of its words in its name (case ignored), so the groups and "other" add up to the whole."""
     from torch.autograd import DeviceType
 
     # the kernels themselves: a CPU-side event (an op, a compiled region, a launch call, "Command Buffer Full")
     # carries the device time of the kernels under it, which would count them again
     kernels = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.device_time_total > 0]
     total = sum(e.device_time_total for e in kernels) or 1
-    parts = [f"{name} {sum(e.device_time_total for e in kernels if any(w in e.key.lower() for w in words)) / total:.0%}"
-             for name, words in (shares or {}).items()]
-    print(f"  kernels: {total / 1e3:.0f} ms of device time" + "".join(f", {p}" for p in parts))
+    groups = dict.fromkeys(shares or {}, 0.0)
+    if groups:
+        groups["other"] = 0.0
+        for e in kernels:
+            name = e.key.lower()
+            group = next((g for g, words in shares.items() if any(w in name for w in words)), "other")
+            groups[group] += e.device_time_total
+    print(f"  kernels: {total / 1e3:.0f} ms of device time"
+          + "".join(f", {g} {t / total:.0%} ({t / 1e3:.0f} ms)" for g, t in groups.items()))
     for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top]:
         print(f"  {e.device_time_total / 1e3:8.1f} ms {e.count:5d}x  {e.key[:110]}")

@@ -142,3 +142,27 @@ def test_the_fp8_accumulation_model_reads_a_dump_and_finds_the_offset_that_the_a
     assert rows[("exact sums", "no")] < 0.05 and rows[("exact sums", "yes")] < 0.05
     assert rows[("10-bit accumulator, 32 keys a step", "no")] > 0.2  # 4,096 offset rows outgrow 10 bits
     assert rows[("10-bit accumulator, 32 keys a step", "yes")] < 0.05
+
+
+def test_a_profiles_kernels_fall_each_in_the_first_group_naming_them(capsys):
+    """The product bench's profile shares: a cuDNN convolution (an implicit GEMM) counted once, as a
+    convolution, and the groups with "other" adding up to the device time."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from bench.gpu_setup import print_kernels
+
+    def kernel(key, us):
+        return SimpleNamespace(key=key, device_time_total=us, count=1, device_type=DeviceType.CUDA)
+
+    events = [kernel("sm90_xmma_fprop_implicit_gemm_bf16", 4000), kernel("nvjet_tst_128x256_h_bz", 3000),
+              kernel("pytorch_flash::flash_fwd_kernel", 2000), kernel("triton_poi_fused_add_mul_0", 500),
+              kernel("void at::native::elementwise_kernel", 500),
+              SimpleNamespace(key="aten::mm", device_time_total=3000, count=1, device_type=DeviceType.CPU)]
+    print_kernels(SimpleNamespace(key_averages=lambda: events), 2,
+                  {"convolutions": ("conv", "fprop"), "attention": ("flash",), "GEMMs": ("gemm", "nvjet"),
+                   "Triton": ("triton",)})
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head == ("  kernels: 10 ms of device time, convolutions 40% (4 ms), attention 20% (2 ms), GEMMs 30% (3 ms), "
+                    "Triton 5% (0 ms), other 5% (0 ms)"), head
