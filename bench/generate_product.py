@@ -233,6 +233,17 @@ def row_of(side: dict, model: str, precision: str, **more) -> dict:
     return row
 
 
+# A profile's kernels, each in the first group that names it: cuDNN's attention before the convolutions (its
+# kernels are named "..._sdpa_..._fprop_..."), the convolutions before the GEMMs (cuDNN's are implicit GEMMs), FP8
+# GEMMs (named for E4M3) before the quantization passes (the KV cache's reads and writes, FP8 attention's, the linears')
+KERNEL_GROUPS = {"attention": ("flash", "fmha", "attention", "sdpa"),
+                 "convolutions": ("conv", "fprop", "dgrad", "implicit"),
+                 "GEMMs": ("gemm", "nvjet", "cutlass", "xmma"),
+                 "quantization": ("quant", "e4m3", "fp8_rows", "shifted_rows", "channel_stats"),
+                 "Triton (compiled)": ("triton",),
+                 "copies": ("memcpy", "memset", "copy")}
+
+
 def profile_row(generator: Generator, root: Path, steps: int, cfg: GenerateConfig, chunks: int, chunk: int) -> None:
     """A video of about ``chunks`` chunks generated under torch.profiler: its kernels by device time."""
     from torch.profiler import ProfilerActivity, profile
@@ -243,14 +254,7 @@ def profile_row(generator: Generator, root: Path, steps: int, cfg: GenerateConfi
     with profile(activities=activities) as prof:
         generator.generate(prompts, root / "profile.mp4", steps, cfg)
     print(f"# profile: a {seconds:.2f} s video (about {chunks} chunks), kv {cfg.kv}, {steps} steps", flush=True)
-    # each kernel in the first group that names it: the decoder's convolutions before the GEMMs (cuDNN's
-    # are implicit GEMMs), the compiled blocks' and decoder's fused Triton kernels apart from both
-    print_kernels(prof, 20, {"quantization (KV, activations)": ("dequant", "quant", "e4m3", "fp8_rows"),
-                             "convolutions": ("conv", "fprop", "dgrad", "implicit"),
-                             "attention": ("flash", "fmha", "attention", "sdpa"),
-                             "GEMMs": ("gemm", "nvjet", "cutlass", "xmma"),
-                             "Triton (compiled)": ("triton",),
-                             "copies": ("memcpy", "memset", "copy")})
+    print_kernels(prof, 20, KERNEL_GROUPS)
 
 
 def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]], device: str, tiny: bool,

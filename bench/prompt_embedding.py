@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     kept = HostTextEncoder(args.folder, args.max_length, device)
     load_s = time.perf_counter() - start  # what the caller waits for: page-locking goes on in its thread
-    kept.pinned()
+    kept.wait_locked()
     pin_s = time.perf_counter() - start - load_s
     rows = {"loaded_per_file": [], "host_kept": []}
     for _ in range(args.repeats):  # interleaved: the machine's drift falls on both
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     row = {"device": torch.cuda.get_device_name(), "loaded_per_file_s": rows["loaded_per_file"],
            "host_kept_s": rows["host_kept"], "speedup": fresh_s / kept_s, "host_kept_load_s": load_s,
            "host_kept_pin_s": pin_s, "host_bytes": sum(t.nbytes for t in kept.weights),
-           "host_buffer_bytes": kept.slab.bytes.nbytes,  # the page-locked buffer the weights are views of
+           "host_buffer_bytes": kept.buffer.bytes.nbytes,  # the page-locked buffer the weights are views of
            # torch's host allocator: nothing of the encoder's should be in it
            "host_allocator": {k: v for k, v in host.items() if "bytes" in k}}
     print(f"prompt file embedded: loaded for the file {fresh_s:.2f} s, kept on the host {kept_s:.2f} s "

@@ -145,24 +145,26 @@ def test_the_fp8_accumulation_model_reads_a_dump_and_finds_the_offset_that_the_a
 
 
 def test_a_profiles_kernels_fall_each_in_the_first_group_naming_them(capsys):
-    """The product bench's profile shares: a cuDNN convolution (an implicit GEMM) counted once, as a
-    convolution, and the groups with "other" adding up to the device time."""
+    """The product bench's profile shares: cuDNN's attention (named "..._sdpa_..._fprop_...") counted as
+    attention, a cuDNN convolution (an implicit GEMM) as a convolution, an FP8 GEMM (named for E4M3) as a
+    GEMM, and the groups with "other" adding up to the device time."""
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
 
+    from bench.generate_product import KERNEL_GROUPS
     from bench.gpu_setup import print_kernels
 
     def kernel(key, us):
         return SimpleNamespace(key=key, device_time_total=us, count=1, device_type=DeviceType.CUDA)
 
-    events = [kernel("sm90_xmma_fprop_implicit_gemm_bf16", 4000), kernel("nvjet_tst_128x256_h_bz", 3000),
-              kernel("pytorch_flash::flash_fwd_kernel", 2000), kernel("triton_poi_fused_add_mul_0", 500),
-              kernel("void at::native::elementwise_kernel", 500),
+    events = [kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", 2000),
+              kernel("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 4000),
+              kernel("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128", 1000),
+              kernel("nvjet_tst_128x256_h_bz_coopA_NNT", 2000), kernel("_dequantize_rows", 1000),
+              kernel("void at::native::elementwise_kernel", 1000),
               SimpleNamespace(key="aten::mm", device_time_total=3000, count=1, device_type=DeviceType.CPU)]
-    print_kernels(SimpleNamespace(key_averages=lambda: events), 2,
-                  {"convolutions": ("conv", "fprop"), "attention": ("flash",), "GEMMs": ("gemm", "nvjet"),
-                   "Triton": ("triton",)})
+    print_kernels(SimpleNamespace(key_averages=lambda: events), 2, KERNEL_GROUPS)
     head = capsys.readouterr().out.splitlines()[0]
-    assert head == ("  kernels: 10 ms of device time, convolutions 40% (4 ms), attention 20% (2 ms), GEMMs 30% (3 ms), "
-                    "Triton 5% (0 ms), other 5% (0 ms)"), head
+    assert head == ("  kernels: 11 ms of device time, attention 18% (2 ms), convolutions 36% (4 ms), GEMMs 27% (3 ms), "
+                    "quantization 9% (1 ms), Triton (compiled) 0% (0 ms), copies 0% (0 ms), other 9% (1 ms)"), head

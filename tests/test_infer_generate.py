@@ -462,9 +462,15 @@ def test_two_sequence_parallel_ranks_make_the_latents_of_one(model_dir, tmp_path
     prompts = tmp_path / "p.txt"
     prompts.write_text(TWO_SHOTS)
     section = {"window": 6, "global_sink": 2, "shot_sink": 2, "ar_steps": 4}
-    got = launch_worker("generate_worker", tmp_path / "worker", [
+    worker = launch_worker("generate_worker", tmp_path / "worker", [
         {"name": "story", "model": str(model_dir), "prompts": str(prompts), "generate": {**section, "device": "cpu"}},
-    ], nproc=2) / "story"
+        {"name": "broken", "model": str(model_dir), "prompts": str(prompts), "generate": {**section, "device": "cpu"},
+         "embedding_fails": True},
+    ], nproc=2)
+    # rank 0 alone embeds: its failure is raised there and told to rank 1, which would otherwise wait for the tensor
+    assert (worker / "broken/rank0.txt").read_text() == "ValueError: a prompt the tokenizer cannot take"
+    assert (worker / "broken/rank1.txt").read_text().startswith("RuntimeError: rank 1: rank 0 failed to embed")
+    got = worker / "story"
     latents, stats = load_file(got / "latents.safetensors"), json.loads((got / "stats.json").read_text())
     one, two = latents["sp1"], latents["sp2"]
     assert one.shape == two.shape == (4, 48, CHUNK, 4, 4)  # 2 + 1 chunks, then 1: (C, F_c, h, w) each
@@ -587,7 +593,9 @@ def test_enhance_rewrites_the_prompt_file_or_keeps_it_with_the_reason(model_dir,
     # under --sp rank 0 embeds for the others, which hold no text encoder and refuse enhance on their own
     from longlive_core.distributed.ulysses import SequenceShard
 
+    with pytest.raises(ConfigError, match="generate.enhance with --sp > 1"):  # before the model loads
+        Generator(model_dir, config(enhance=True), SequenceShard(1, 2))
     with Generator(model_dir, config(), SequenceShard(1, 2)) as other_rank:
-        assert other_rank.text is None
-        with pytest.raises(ConfigError, match="generate.enhance with --sp > 1"):
+        assert other_rank.text is None and other_rank.decoder is None
+        with pytest.raises(ConfigError, match="generate.enhance with --sp > 1"):  # a video's own settings
             other_rank.prepare(prompts, cfg=config(enhance=True))

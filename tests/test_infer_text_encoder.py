@@ -2,6 +2,8 @@
 as an encoder loaded for the call, its weights on the GPU only while a prompt file is embedded)."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -30,12 +32,12 @@ def test_a_host_kept_encoder_copies_its_weights_to_the_gpu_for_the_block_only():
     (the tied embedding copied once), and the embeddings are those of an encoder loaded onto the GPU."""
     device = torch.device("cuda")
     kept = HostTextEncoder("tiny", 16, device)
-    kept.pinned()
+    kept.wait_locked()
     assert all(t.device.type == "cpu" and t.is_pinned() and t.dtype == torch.bfloat16 for t in kept.weights)
     # views of one page-locked buffer of their own size (torch's pinned blocks round up to powers of two)
-    buffer = kept.slab.bytes.untyped_storage().data_ptr()
+    buffer = kept.buffer.bytes.untyped_storage().data_ptr()
     assert all(t.untyped_storage().data_ptr() == buffer for t in kept.weights)
-    assert kept.slab.bytes.nbytes < sum(t.nbytes for t in kept.weights) + 256 * len(kept.weights) + 4096
+    assert kept.buffer.bytes.nbytes < sum(t.nbytes for t in kept.weights) + 256 * len(kept.weights) + 4096
     before = torch.cuda.memory_allocated(device)
     with kept.on() as encoder:
         out = encoder.encode(["a red ball", "a kite"])
@@ -50,7 +52,7 @@ def test_a_host_kept_encoder_copies_its_weights_to_the_gpu_for_the_block_only():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the device tool)")
 def test_a_host_kept_encoders_weights_go_back_to_the_host_when_the_block_raises_on_the_gpu():
     kept = HostTextEncoder("tiny", 16, "cuda")
-    kept.pinned()
+    kept.wait_locked()
     host = [t.data_ptr() for t in kept.weights]
     with pytest.raises(RuntimeError, match="a bad prompt"):
         with kept.on():
@@ -64,11 +66,20 @@ def test_the_first_block_waits_for_page_locking_and_a_failure_to_lock_is_raised_
     with kept.on() as encoder:
         out = encoder.encode(["a red ball"])
     assert kept.pinning is None and all(t.is_pinned() for t in kept.weights)
-    HostTextEncoder("tiny", 16, "cuda").pinned()  # small buffers beside each other: each locks pages of its own,
-    HostTextEncoder("tiny", 16, "cuda").pinned()  # and one let go without close() unlocks them
+    HostTextEncoder("tiny", 16, "cuda").wait_locked()  # small buffers beside each other: each locks pages of its own
+    other = HostTextEncoder("tiny", 16, "cuda")
+    other.wait_locked()
+    memory = other.buffer.bytes  # kept mapped: the encoder and its buffer let go without close() unlock it
+    with pytest.raises(RuntimeError, match=r"page-locking .* failed: cudaError \d+"):
+        other.buffer.lock()  # locked twice: the driver's refusal, named
+    del other
+    gc.collect()
+    cudart = torch.cuda.cudart()
+    assert int(cudart.cudaHostRegister(memory.data_ptr(), memory.nbytes, 0)) == 0
+    assert int(cudart.cudaHostUnregister(memory.data_ptr())) == 0
     assert torch.equal(out, text_encoder_from("tiny", 16, "cuda").encode(["a red ball"]))
     kept.close()
-    assert kept.slab is None and kept.weights == []
+    assert kept.buffer is None and kept.weights == []
 
     def refused(self, index):
         raise RuntimeError("page-locking 0.0 GiB of host memory for the text encoder failed")
@@ -78,4 +89,5 @@ def test_the_first_block_waits_for_page_locking_and_a_failure_to_lock_is_raised_
     with pytest.raises(RuntimeError, match="page-locking"):
         with kept.on():
             pass
-    kept.close()  # the error was told once
+    kept.close()  # the error was raised by on(): close() lets the encoder go without raising it again
+    assert kept.encoder is None

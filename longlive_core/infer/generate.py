@@ -123,21 +123,26 @@ class Generator:
             raise ConfigError(f"--sp {shard.size}: the model's {heads} attention heads and {chunk}-frame chunks must "
                               f"both split over {shard.size} ranks")
         check_attention(cfg, self.device)
+        check_enhance(cfg, shard)
         self.encoders = check_encoders(self.folder, self.model_dir)  # the ones it was made with, before loading
         self.model, self.config, self.recipe = prepare_model(self.model_dir, cfg.precision, self.device)
-        self.text = None  # under --sp rank 0 embeds every prompt file for all ranks
-        if shard.rank == 0:
-            self.text = (HostTextEncoder if keep_text_encoder else FileTextEncoder)(
-                self.encoders["text_encoder"], self.config.text_encoder.max_length, self.device)
-        if cfg.compile:
-            for block in self.model.blocks:
-                block.compile()
-        # the other ranks compute their share of the DiT alone
-        self.decoder = (vae_decoder(self.encoders["vae"], vae_device(cfg.vae_device, self.device), cfg.vae_dtype,
-                                    cfg.vae_compile) if shard.rank == 0 else None)
-        if self.decoder is not None and cfg.vae_compile:  # compiled here, before a decode thread runs beside the DiT
-            latent = self.folder.latent
-            self.decoder.warm(latent.channels, latent.height, latent.width, latent.chunk_frames)
+        self.text = self.decoder = None  # under --sp rank 0 embeds every prompt file for all ranks, and decodes
+        try:  # a kept text encoder is page-locking in its thread from here: let go if the rest fails to load
+            if shard.rank == 0:
+                self.text = (HostTextEncoder if keep_text_encoder else FileTextEncoder)(
+                    self.encoders["text_encoder"], self.config.text_encoder.max_length, self.device)
+            if cfg.compile:
+                for block in self.model.blocks:
+                    block.compile()
+            if shard.rank == 0:
+                self.decoder = vae_decoder(self.encoders["vae"], vae_device(cfg.vae_device, self.device), cfg.vae_dtype,
+                                           cfg.vae_compile)
+                if cfg.vae_compile:  # compiled here, before a decode thread runs beside the DiT
+                    latent = self.folder.latent
+                    self.decoder.warm(latent.channels, latent.height, latent.width, latent.chunk_frames)
+        except BaseException:
+            self.close()
+            raise
         self.load_s = time.perf_counter() - start
 
     def __enter__(self) -> Generator:
@@ -178,18 +183,18 @@ class Generator:
         latent = config.latent
         prefixed = config.multi_shot.scene_transition_prefix  # the captions the model was trained on
         segments = parse_prompts(text, cfg.default_duration_s, str(prompts), prefixed)
-        if cfg.enhance and self.shard.size > 1:  # refused by every rank, before rank 0 embeds for the others
-            raise ConfigError("generate.enhance with --sp > 1: every rank would have to be given rank 0's rewrite; "
-                              "enhance the prompt file in a run of one rank, or turn enhance off")
-        enhancement = embedded = None
-        if self.text is not None:
+        check_enhance(cfg, self.shard)  # by every rank, before rank 0 embeds for the others
+        enhancement = None
+
+        def embed() -> torch.Tensor:
+            nonlocal enhancement, segments
             with self.text.on() as encoder:  # umT5-XXL is 11 GB in bf16: gone before the DiT runs
                 if cfg.enhance:
                     enhancement = self.enhanced(text, segments, cfg, encoder, str(prompts))
                     segments = parse_prompts(enhancement.enhanced, cfg.default_duration_s, str(prompts), prefixed)
-                embedded = encoder.encode([s.prompt for s in segments])
-        if self.shard.size > 1:
-            embedded = from_first_rank(embedded, self.shard, self.device)
+                return encoder.encode([s.prompt for s in segments])
+
+        embedded = embed() if self.shard.size == 1 else from_first_rank(embed, self.shard, self.device)
         plan = plan_shots(segments, config.video.fps, latent.chunk_frames, latent.temporal_stride)
         encoded_at = time.perf_counter()
         texts = [embedded[i:i + 1] for i in range(len(segments))]
@@ -330,6 +335,12 @@ def generate_file(model_dir: str | Path, prompts: str | Path, out: str | Path, c
     parse_prompts(text, cfg.default_duration_s, str(prompts))
     with Generator(model_dir, cfg, shard) as generator:
         return generator.generate(prompts, out, steps, on_frame=on_frame)
+
+
+def check_enhance(cfg: GenerateConfig, shard: SequenceShard) -> None:
+    if cfg.enhance and shard.size > 1:
+        raise ConfigError("generate.enhance with --sp > 1: every rank would have to be given rank 0's rewrite; "
+                          "enhance the prompt file in a run of one rank, or turn enhance off")
 
 
 def check_attention(cfg: GenerateConfig, device: torch.device) -> None:

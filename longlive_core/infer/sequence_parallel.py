@@ -8,6 +8,8 @@ distillation's rollouts run this.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
@@ -33,19 +35,28 @@ class ShardedCache:
         return _ShardedLayer(self.shard, self.cache.for_layer(index))
 
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def from_first_rank(x: torch.Tensor | None, shard: SequenceShard, device: torch.device) -> torch.Tensor:
-    """Rank 0's ``x`` (a 3-d tensor on ``device``; the other ranks pass None) on every rank of ``shard``:
-    the prompts' embeddings, which one rank makes for all (umT5-XXL is 11 GB a rank otherwise)."""
-    header = torch.zeros(4, dtype=torch.int64, device=device)
+def from_first_rank(make: Callable[[], torch.Tensor], shard: SequenceShard, device: torch.device) -> torch.Tensor:
+    """``make()``, run by rank 0 of ``shard`` alone, on every rank: a float32 (n, length, dim) tensor on
+    ``device`` (the prompts' embeddings, which one rank makes for all: umT5-XXL is 11 GB a rank
+    otherwise). Where ``make`` fails on rank 0 the other ranks are told, and raise, instead of waiting
+    for the tensor until the process group times out."""
+    header = torch.full((3,), -1, dtype=torch.int64, device=device)  # the shape, or -1s: rank 0 failed
     if shard.rank == 0:
-        header.copy_(torch.tensor([_DTYPES.index(x.dtype), *x.shape]))
-    dist.broadcast(header, group=shard.group, group_src=0)
-    if shard.rank != 0:
-        code, *shape = header.tolist()
-        x = torch.empty(shape, dtype=_DTYPES[code], device=device)
-    x = x.contiguous()
+        try:
+            x = make()
+            if x.dtype != torch.float32 or x.dim() != 3:
+                raise ValueError(f"from_first_rank sends a float32 (n, length, dim) tensor, not {x.dtype} "
+                                 f"{tuple(x.shape)}")
+            x = x.contiguous()
+            header.copy_(torch.tensor(x.shape))
+        finally:
+            dist.broadcast(header, group=shard.group, group_src=0)
+    else:
+        dist.broadcast(header, group=shard.group, group_src=0)
+        shape = header.tolist()
+        if shape[0] < 0:
+            raise RuntimeError(f"rank {shard.rank}: rank 0 failed to embed the prompt file for the other ranks; its "
+                               "error (in rank 0's output) says what to fix")
+        x = torch.empty(shape, dtype=torch.float32, device=device)
     dist.broadcast(x, group=shard.group, group_src=0)
     return x

@@ -23,6 +23,15 @@ from longlive_core.models.text import TextEncoder, load_text_encoder, text_dtype
 _ALIGN = 256  # bytes: each weight's offset in the host buffer (as cudaMalloc aligns)
 
 
+def _cuda_error(error) -> str:
+    """The CUDA runtime's name and description of an error code torch's cudart bindings returned."""
+    try:
+        described = f" ({torch.cuda.cudart().cudaGetErrorString(error)})"
+    except (AttributeError, TypeError):  # a torch build without that binding: the number alone
+        described = ""
+    return f"cudaError {int(error)}{described}"
+
+
 class LockedBuffer:
     """Host bytes page-locked where they lie (``cudaHostRegister``) and unlocked before they can be freed.
     The driver locks whole pages, and a page locked twice is refused: the buffer owns its pages alone."""
@@ -35,19 +44,19 @@ class LockedBuffer:
         self.bytes = torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
 
     def lock(self) -> None:
-        error = int(torch.cuda.cudart().cudaHostRegister(self.bytes.data_ptr(), self.bytes.nbytes, 0))
-        if error:
+        error = torch.cuda.cudart().cudaHostRegister(self.bytes.data_ptr(), self.bytes.nbytes, 0)
+        if int(error):
             raise RuntimeError(f"page-locking {self.bytes.nbytes / 2**30:.1f} GiB of host memory for the text encoder "
-                               f"failed (cudaError {error}): is the locked-memory limit (ulimit -l) below it?")
+                               f"failed: {_cuda_error(error)}")
         self.locked = True
 
     def unlock(self) -> None:
         if self.locked:
             torch.cuda.synchronize(self.device)  # no copy from it still in flight
             self.locked = False
-            error = int(torch.cuda.cudart().cudaHostUnregister(self.bytes.data_ptr()))
-            if error:
-                raise RuntimeError(f"unlocking the text encoder's host buffer failed (cudaError {error})")
+            error = torch.cuda.cudart().cudaHostUnregister(self.bytes.data_ptr())
+            if int(error):
+                raise RuntimeError(f"unlocking the text encoder's host memory failed: {_cuda_error(error)}")
 
     def __del__(self) -> None:  # a buffer freed still locked would leave its pages locked for whatever comes next
         with contextlib.suppress(Exception):
@@ -86,7 +95,7 @@ class HostTextEncoder:
         self.weights = [t for _, t in itertools.chain(self.encoder.model.named_parameters(),
                                                       self.encoder.model.named_buffers())]
         self.pinning: Future | None = None
-        self.slab: LockedBuffer | None = None  # the weights' page-locked host buffer
+        self.buffer: LockedBuffer | None = None  # the weights' page-locked host memory
         if self.device.type == "cuda":
             # the new thread's current device is GPU 0: set to this one's first, or every rank makes a context there
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -104,15 +113,15 @@ class HostTextEncoder:
             total = -(-total // _ALIGN) * _ALIGN
             offsets.append(total)
             total += t.nbytes
-        slab = LockedBuffer(total, torch.device("cuda", index))
-        for t, offset in zip(self.weights, offsets):  # one weight at a time: its pageable copy goes as it moves
-            view = slab.bytes[offset:offset + t.nbytes].view(t.dtype).view(t.shape)
+        buffer = LockedBuffer(total, torch.device("cuda", index))
+        for t, offset in zip(self.weights, offsets):
+            view = buffer.bytes[offset:offset + t.nbytes].view(t.dtype).view(t.shape)
             view.copy_(t.data)
             t.data = view
-        slab.lock()
-        self.slab = slab
+        buffer.lock()
+        self.buffer = buffer
 
-    def pinned(self) -> None:
+    def wait_locked(self) -> None:
         """Waits for the weights to be page-locked (raising what page-locking raised)."""
         if self.pinning is not None:
             self.pinning.result()
@@ -124,7 +133,7 @@ class HostTextEncoder:
         if self.device.type == "cpu":
             yield self.encoder
             return
-        self.pinned()
+        self.wait_locked()
         host = [t.data for t in self.weights]
         try:
             for t in self.weights:
@@ -138,6 +147,6 @@ class HostTextEncoder:
         """Gives the page-locked memory back to the system."""
         if self.pinning is not None:  # its error, if any, was raised by on() or has no one to tell now
             wait([self.pinning])
-        if self.slab is not None:
-            self.slab.unlock()
-        self.weights, self.encoder, self.slab = [], None, None
+        if self.buffer is not None:
+            self.buffer.unlock()
+        self.weights, self.encoder, self.buffer = [], None, None

@@ -3,8 +3,8 @@ every chunk hands to the frame stream, sharded over the ranks and in one process
 
     torchrun --nproc_per_node=P -m tests.helpers.generate_worker SPEC.json OUT_DIR
 
-SPEC.json holds {"runs": [{"name", "model", "prompts", "generate": {...}}, ...]}. Every rank runs the
-prompt file as ``Generator.prepare`` sets it up, with the SequenceShard of the P ranks; then rank 0 alone
+SPEC.json holds {"runs": [{"name", "model", "prompts", "generate": {...}, "embedding_fails"?}, ...]}. Every
+rank runs the prompt file as ``Generator.prepare`` sets it up, with the SequenceShard of the P ranks; then rank 0 alone
 runs it again unsharded while the others wait. Rank 0 writes OUT_DIR/<name>/latents.safetensors
 ("sp<P>" and "sp1": each chunk's x0 as the stream got it, stacked, (chunks, C, F_c, h, w) float32) and
 stats.json (each run's chunks, shot starts and KV bytes per token).
@@ -51,7 +51,30 @@ def record(spec: dict, shard: SequenceShard) -> tuple[torch.Tensor, dict] | None
                                           "kv_bytes_per_token": stats.kv_bytes_per_token}
 
 
+def embedding_fails(spec: dict, out: Path) -> None:
+    """Rank 0's text encoder raises as it embeds the prompts: each rank writes what it raised to
+    OUT_DIR/<name>/rank<r>.txt (the others must not wait for the embeddings)."""
+    cfg = from_mapping(GenerateConfig, spec["generate"], "generate")
+    shard = SequenceShard(dist.get_rank(), dist.get_world_size(), dist.group.WORLD)
+    with Generator(Path(spec["model"]), cfg, shard) as generator:
+        if shard.rank == 0:
+            def broken():
+                raise ValueError("a prompt the tokenizer cannot take")
+
+            generator.text.on = broken
+        try:
+            generator.prepare(Path(spec["prompts"]))
+            raised = "nothing"
+        except Exception as e:  # noqa: BLE001 -- what each rank raised is the result
+            raised = f"{type(e).__name__}: {e}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{shard.rank}.txt").write_text(raised)
+    dist.barrier()
+
+
 def run_one(spec: dict, out: Path) -> None:
+    if spec.get("embedding_fails"):
+        return embedding_fails(spec, out)
     size = dist.get_world_size()
     sharded = record(spec, SequenceShard(dist.get_rank(), size, dist.group.WORLD))
     whole = record(spec, WHOLE) if dist.get_rank() == 0 else None
