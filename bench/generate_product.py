@@ -214,8 +214,8 @@ def production_generate(overrides: dict) -> GenerateConfig:
     return from_mapping(GenerateConfig, {**section, **overrides}, "generate")
 
 
-ROW_KEYS = ("model", "precision", "recipe", "kv", "attention", "steps", "frames", "denoise_fps", "end_to_end_fps",
-            "call_fps", "load_s", "first_frame_s", "first_frame_after_prompt_s", "peak_memory_gib",
+ROW_KEYS = ("model", "precision", "recipe", "kv", "attention", "decode", "steps", "frames", "denoise_fps",
+            "end_to_end_fps", "call_fps", "load_s", "first_frame_s", "first_frame_after_prompt_s", "peak_memory_gib",
             "load_peak_memory_gib", "wall_s")
 
 
@@ -258,9 +258,10 @@ def profile_row(generator: Generator, root: Path, steps: int, cfg: GenerateConfi
 
 
 def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]], device: str, tiny: bool,
-        out: Path | None, profile_chunks: int = 0) -> list[dict]:
+        out: Path | None, profile_chunks: int = 0, decode: str | None = None) -> list[dict]:
     # the tiny models run on the CPU, where nothing is compiled (compiling the decoder there took 70 s of a 95 s run)
-    base = {"device": device, "precision": precision, **({"compile": False, "vae_compile": False} if tiny else {})}
+    base = {"device": device, "precision": precision, **({"compile": False, "vae_compile": False} if tiny else {}),
+            **({"decode": decode} if decode else {})}
     started = time.perf_counter() - process_age()  # perf_counter's reading at the process's start
     first: list[float] = []
 
@@ -311,6 +312,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--precision", default="auto", help="bf16 | fp8 | nvfp4 | auto (the folder's own)")
     ap.add_argument("--rows", default="bf16:4", help="KV:STEPS[:ATTENTION],...: the KV cache's format, the step "
                     "count and the cached attention (sdpa, the default, or fp8)")
+    ap.add_argument("--decode", choices=("sync", "async"),
+                    help="generate's decode setting (default: production's async); sync times the DiT's loop "
+                    "without the VAE decoding beside it on its GPU")
     ap.add_argument("--json", type=Path, help="append each row as a JSON line")
     ap.add_argument("--profile-chunks", type=int, default=0,
                     help="after each row, profile a video of this many chunks (0: none)")
@@ -324,7 +328,7 @@ def main(argv: list[str] | None = None) -> None:
             for kv, steps, attention in ((r.split(":") + [""])[:3] for r in args.rows.split(","))]
     if device == "cuda":
         print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    run(args.root, args.model, args.precision, rows, device, args.tiny, args.json, args.profile_chunks)
+    run(args.root, args.model, args.precision, rows, device, args.tiny, args.json, args.profile_chunks, args.decode)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ as an encoder loaded for the call, its weights on the GPU only while a prompt fi
 from __future__ import annotations
 
 import gc
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -70,8 +71,10 @@ def test_the_first_block_waits_for_page_locking_and_a_failure_to_lock_is_raised_
     other = HostTextEncoder("tiny", 16, "cuda")
     other.wait_locked()
     memory = other.buffer.bytes  # kept mapped: the encoder and its buffer let go without close() unlock it
-    with pytest.raises(RuntimeError, match=r"page-locking .* failed: cudaError \d+"):
-        other.buffer.lock()  # locked twice: the driver's refusal, named
+    # locked twice: the driver's refusal, named. In a thread of its own, as the encoder locks: a refused call leaves
+    # the CUDA runtime's last error set in its thread, where torch's next kernel launch would report it as its own
+    with ThreadPoolExecutor(1) as pool, pytest.raises(RuntimeError, match=r"page-locking .* failed: cudaError \d+"):
+        pool.submit(other.buffer.lock).result()
     del other
     gc.collect()
     cudart = torch.cuda.cudart()

@@ -7,6 +7,8 @@
 #   bash bench/tools/generate_round.sh make kernels vae sp
 #   bash bench/tools/generate_round.sh attention            # ~2 min: bench/attention_kernels.py alone (kernels: its tests first)
 #   bash bench/tools/generate_round.sh make profile          # ~5 min: each KV format's kernels over a 5-chunk video
+#   bash bench/tools/generate_round.sh make profile_fp8      # ~5 min: the same for FP8 linears and FP8 attention
+#   bash bench/tools/generate_round.sh make fp8_sync         # ~7 min: BF16 against FP8 linears (+ FP8 attention), decode sync
 #   bash bench/tools/generate_round.sh make prompt_embedding   # ~1 min: umT5 loaded per prompt file or kept on the host
 #   bash bench/tools/generate_round.sh make parity           # ~6 min: the NVFP4 KV cache against BF16's, twice each
 #   bash bench/tools/generate_round.sh make fp8_attention    # ~6 min: cuDNN FP8 attention in generate, BF16 and FP8 linears
@@ -54,6 +56,12 @@ for part in "$@"; do case $part in
     parity) run parity python3 bench/generate_product.py run $root --model dit --precision bf16 \
                 --rows bf16:4,nvfp4:4,bf16:4,nvfp4:4 --json "$out/product.jsonl" ;;  # the NVFP4 cache against BF16's,
                 # each twice in one process (one pair spread 2%; after make)
+    fp8_sync) run fp8_sync_bf16 python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4 \
+                  --decode sync --json "$out/product.jsonl"  # the DiT's loop alone on its GPU: the 1.3x goal's loop
+              run fp8_sync_fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 --rows bf16:4,bf16:4:fp8 \
+                  --decode sync --json "$out/product.jsonl" ;;
+    profile_fp8) run profile_fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 --rows bf16:4:fp8 \
+                     --profile-chunks 5 ;;  # FP8 linears and cuDNN's FP8 attention: where the 1.3x goal is lost (after make)
     profile) run profile python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4,nvfp4:4 \
                  --profile-chunks 5 ;;  # where the NVFP4 cache's loop loses its 2% to the BF16 cache's (after make)
     prompt_embedding) run prompt_embedding python3 bench/prompt_embedding.py $root/umt5 --json "$out/prompt_embedding.jsonl" ;;

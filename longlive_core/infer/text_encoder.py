@@ -44,6 +44,8 @@ class LockedBuffer:
         self.bytes = torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
 
     def lock(self) -> None:
+        """Called in a thread of its own (``HostTextEncoder`` does): a refusal leaves the CUDA runtime's last
+        error set in the calling thread, and torch's next kernel launch there would raise it as its own."""
         error = torch.cuda.cudart().cudaHostRegister(self.bytes.data_ptr(), self.bytes.nbytes, 0)
         if int(error):
             raise RuntimeError(f"page-locking {self.bytes.nbytes / 2**30:.1f} GiB of host memory for the text encoder "
