@@ -66,7 +66,7 @@ def test_the_first_block_waits_for_page_locking_and_a_failure_to_lock_is_raised_
     kept = HostTextEncoder("tiny", 16, "cuda")  # page-locking in its thread as the block starts
     with kept.on() as encoder:
         out = encoder.encode(["a red ball"])
-    assert kept.pinning is None and all(t.is_pinned() for t in kept.weights)
+    assert kept.locking is None and all(t.is_pinned() for t in kept.weights)
     HostTextEncoder("tiny", 16, "cuda").wait_locked()  # small buffers beside each other: each locks pages of its own
     other = HostTextEncoder("tiny", 16, "cuda")
     other.wait_locked()
@@ -87,7 +87,7 @@ def test_the_first_block_waits_for_page_locking_and_a_failure_to_lock_is_raised_
     def refused(self, index):
         raise RuntimeError("page-locking 0.0 GiB of host memory for the text encoder failed")
 
-    monkeypatch.setattr(HostTextEncoder, "_pin", refused)
+    monkeypatch.setattr(HostTextEncoder, "_lock_weights", refused)
     kept = HostTextEncoder("tiny", 16, "cuda")
     with pytest.raises(RuntimeError, match="page-locking"):
         with kept.on():

@@ -96,16 +96,16 @@ class HostTextEncoder:
         self.encoder.model.to(dtype)
         self.weights = [t for _, t in itertools.chain(self.encoder.model.named_parameters(),
                                                       self.encoder.model.named_buffers())]
-        self.pinning: Future | None = None
+        self.locking: Future | None = None
         self.buffer: LockedBuffer | None = None  # the weights' page-locked host memory
         if self.device.type == "cuda":
             # the new thread's current device is GPU 0: set to this one's first, or every rank makes a context there
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            pool = ThreadPoolExecutor(1, thread_name_prefix="pin-text-encoder")
-            self.pinning = pool.submit(self._pin, index)
+            pool = ThreadPoolExecutor(1, thread_name_prefix="lock-text-encoder")
+            self.locking = pool.submit(self._lock_weights, index)
             pool.shutdown(wait=False)
 
-    def _pin(self, index: int) -> None:
+    def _lock_weights(self, index: int) -> None:
         """The weights copied into one host buffer, which is then page-locked where it lies: torch's pinned
         blocks are rounded up to powers of two (about 14 GiB held for umT5-XXL's 10.6), a locked buffer
         is its own size."""
@@ -125,9 +125,9 @@ class HostTextEncoder:
 
     def wait_locked(self) -> None:
         """Waits for the weights to be page-locked (raising what page-locking raised)."""
-        if self.pinning is not None:
-            self.pinning.result()
-            self.pinning = None
+        if self.locking is not None:
+            self.locking.result()
+            self.locking = None
 
     @contextlib.contextmanager
     def on(self) -> Iterator[TextEncoder]:
@@ -147,8 +147,8 @@ class HostTextEncoder:
 
     def close(self) -> None:
         """Gives the page-locked memory back to the system."""
-        if self.pinning is not None:  # its error, if any, was raised by on() or has no one to tell now
-            wait([self.pinning])
+        if self.locking is not None:  # its error, if any, was raised by on() or has no one to tell now
+            wait([self.locking])
         if self.buffer is not None:
             self.buffer.unlock()
         self.weights, self.encoder, self.buffer = [], None, None
