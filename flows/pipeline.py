@@ -15,6 +15,7 @@ attached (tasks.record_pipeline).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from pathlib import Path
 import networkx as nx
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
 
 from flows.config import EXECUTORS, orchestration_config
 from flows.slurm_job import SlurmError, SlurmJobFailed, cancel_active, run_stage_job
@@ -181,6 +183,18 @@ def cancel_jobs_on_signals() -> None:
     signal.signal(signal.SIGINT, exit_on_signal)
 
 
+# Prefect's temporary server (no PREFECT_API_URL) gets 20 s to start by default; on a 2-core machine under load its
+# fresh SQLite database took longer about once in a dozen starts, and the run died before its first stage
+EPHEMERAL_STARTUP_S = 120
+
+
+def patient_temporary_server() -> contextlib.AbstractContextManager:
+    """Prefect settings for a command-line run: a temporary server's start waited for at least
+    ``EPHEMERAL_STARTUP_S`` (a longer wait the user set is kept)."""
+    setting = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+    return temporary_settings(updates={setting: max(setting.value(), EPHEMERAL_STARTUP_S)})
+
+
 def dry_run_text(changed: list[str], after: list[str]) -> str:
     """``pending_stages``' answer in a line, for --dry-run (nothing runs)."""
     return (f"would run: {', '.join(changed) or 'nothing'}; then, if their outputs change: "
@@ -199,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         print(dry_run_text(*pending_stages(args.repo)))
         return 0
     cancel_jobs_on_signals()
-    longlive_pipeline(repo_root=args.repo, targets=args.target, executor=args.executor)
+    with patient_temporary_server():
+        longlive_pipeline(repo_root=args.repo, targets=args.target, executor=args.executor)
     return 0
 
 

@@ -20,7 +20,13 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.config import EXECUTORS
-from flows.pipeline import cancel_jobs_on_signals, dry_run_text, longlive_pipeline, pending_stages
+from flows.pipeline import (
+    cancel_jobs_on_signals,
+    dry_run_text,
+    longlive_pipeline,
+    patient_temporary_server,
+    pending_stages,
+)
 from longlive_core.tracking.lineage import digest_file
 
 SCORES = Path("reports/evaluate/scores.json")
@@ -107,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor", choices=EXECUTORS, help="overrides params orchestration for this run")
     args = ap.parse_args(argv)
     cancel_jobs_on_signals()
-    result = retrain(repo_root=args.repo, dry_run=args.dry_run, executor=args.executor)
+    with patient_temporary_server():
+        result = retrain(repo_root=args.repo, dry_run=args.dry_run, executor=args.executor)
     print(json.dumps(result, indent=2))
     return 0
 

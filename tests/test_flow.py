@@ -6,7 +6,7 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.pipeline import longlive_pipeline, stage_order
+from flows.pipeline import EPHEMERAL_STARTUP_S, longlive_pipeline, patient_temporary_server, stage_order
 
 pytestmark = pytest.mark.slow
 
@@ -75,3 +75,13 @@ def test_flow_runs_a_stage_as_a_slurm_job_nested_under_the_pipeline_run(repo_cop
     parent = _mlflow_run(repo_copy, stage_run.data.tags["mlflow.parentRunId"])
     assert parent.info.run_name == "pipeline" and parent.info.status == "FINISHED"
     assert parent.data.tags["stage.demo_data.run_id"] == stage_run.info.run_id
+
+
+def test_a_command_line_run_waits_for_prefects_temporary_server_and_keeps_a_longer_wait():
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as wait
+    from prefect.settings import temporary_settings
+
+    with patient_temporary_server():
+        assert wait.value() == EPHEMERAL_STARTUP_S > 20  # Prefect's own default is 20 s
+    with temporary_settings(updates={wait: 600}), patient_temporary_server():
+        assert wait.value() == 600

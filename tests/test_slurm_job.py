@@ -199,14 +199,23 @@ def _dvc_project(root: Path, cmd: str, time_limit: str = "5") -> Path:
     return root
 
 
-def _wait_running(job_log_dir: Path, timeout: float = 60) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i %j"], capture_output=True, text=True).stdout
-        if "longlive-work" in out and any(job_log_dir.glob("work-*.log")):
-            return out.split()[0]
+def _wait_running(job_log_dir: Path, timeout: float = 60, flow: subprocess.Popen | None = None) -> str:
+    """The running job's id; the failure says what the queue and the flow's process (killed then) showed."""
+    deadline, out = time.time() + timeout, ""
+    while time.time() < deadline and (flow is None or flow.poll() is None):
+        out = subprocess.run(["squeue", "-h", "-o", "%i %j %T %r"], capture_output=True, text=True).stdout
+        running = [f[0] for f in map(str.split, out.splitlines()) if f[1:3] == ["longlive-work", "RUNNING"]]
+        if running and any(job_log_dir.glob("work-*.log")):
+            return running[0]
         time.sleep(0.5)
-    raise AssertionError("the job never started running")
+    said = ""
+    if flow is not None:
+        if flow.poll() is None:
+            flow.kill()
+        said = flow.communicate(timeout=30)[0] or ""
+        said = said if len(said) < 6000 else f"{said[:3000]}\n...\n{said[-3000:]}"
+    raise AssertionError(f"the job never started running in {timeout:.0f} s; the queue: {out!r}; the flow "
+                         f"(exit {flow.returncode if flow else None}): {said}")
 
 
 def _state(job_id: str) -> str:
@@ -269,7 +278,7 @@ def test_sigterm_to_a_local_flow_run_cancels_its_job(slurm, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "--repo", str(root), "--executor", "slurm"],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        job_id = _wait_running(root / "logs/slurm", timeout=120)
+        job_id = _wait_running(root / "logs/slurm", timeout=180, flow=proc)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
