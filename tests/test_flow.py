@@ -81,7 +81,7 @@ def test_a_command_line_run_waits_for_prefects_temporary_server_and_keeps_a_long
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as wait
     from prefect.settings import temporary_settings
 
-    with patient_temporary_server():
+    with temporary_settings(restore_defaults={wait}), patient_temporary_server():
         assert wait.value() == EPHEMERAL_STARTUP_S > 20  # Prefect's own default is 20 s
     with temporary_settings(updates={wait: 600}), patient_temporary_server():
         assert wait.value() == 600

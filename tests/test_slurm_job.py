@@ -210,9 +210,13 @@ def _wait_running(job_log_dir: Path, timeout: float = 60, flow: subprocess.Popen
         time.sleep(0.5)
     said = ""
     if flow is not None:
-        if flow.poll() is None:
+        if flow.poll() is None:  # its handler cancels its jobs, and Prefect stops its temporary server as it exits
+            flow.send_signal(signal.SIGTERM)
+        try:
+            said = flow.communicate(timeout=60)[0] or ""
+        except subprocess.TimeoutExpired:  # the server, a child of its own, may still hold the output pipe
             flow.kill()
-        said = flow.communicate(timeout=30)[0] or ""
+            said = "(the flow did not exit within 60 s of SIGTERM: killed, its output unread)"
         said = said if len(said) < 6000 else f"{said[:3000]}\n...\n{said[-3000:]}"
     raise AssertionError(f"the job never started running in {timeout:.0f} s; the queue: {out!r}; the flow "
                          f"(exit {flow.returncode if flow else None}): {said}")

@@ -53,6 +53,8 @@ class LockedBuffer:
         self.locked = True
 
     def unlock(self) -> None:
+        """A refusal leaves the CUDA runtime's last error in the calling thread, as ``lock``'s does (not expected:
+        the buffer unlocks only what it locked)."""
         if self.locked:
             torch.cuda.synchronize(self.device)  # no copy from it still in flight
             self.locked = False
