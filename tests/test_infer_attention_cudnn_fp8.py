@@ -136,16 +136,26 @@ def test_the_probabilities_fit_the_s_scale():
 @needs_gpu
 def test_the_kv_cache_attends_through_it_on_the_gpu_when_generate_asks():
     # generate.attention: fp8: a chunk's cached self-attention over [the window; its own keys] goes through
-    # attention_fp8, within its tolerance of the SDPA cache's
-    from longlive_core.infer.attention_cudnn_fp8 import attention_fp8
+    # cuDNN's FP8 attention, within its tolerance of the SDPA cache's; the window in E4M3 is made on the
+    # chunk's first pass and kept: a later pass quantizes only its own rows, and the next write drops it
+    from longlive_core.infer.attention_cudnn_fp8 import attention_fp8_window
+    from longlive_core.infer.attention_fp8_io import FP8Window
     from longlive_core.infer.kv_cache import KVCache
 
     q, k, v = draw(2, 64, 64, 64, seed=5)  # one latent frame of 64 tokens
+    later = tuple(x.flip(2) for x in (q, k, v))  # a later pass: other own rows of the same spread
     plain, fp8 = KVCache(1, 64, window=4), KVCache(1, 64, window=4, attention="fp8")
     for cache in (plain, fp8):
         with cache.write(1):
             cache.for_layer(0)(q, k, v, None)
     out = fp8.for_layer(0)(q, k, v, None)
-    assert torch.equal(out, attention_fp8(q, torch.cat([k, k], 2), torch.cat([v, v], 2)))
-    ref = plain.for_layer(0)(q, k, v, None).float()
-    assert float((out.float() - ref).norm() / ref.norm()) <= TOLERANCE
+    held = fp8.fp8_windows[0]
+    assert torch.equal(out, attention_fp8_window(q, FP8Window.of(torch.cat([k, k], 2), torch.cat([v, v], 2), 64)))
+    out_later = fp8.for_layer(0)(*later, None)
+    assert fp8.fp8_windows[0] is held and held.cached == 64
+    for got, inputs in ((out, (q, k, v)), (out_later, later)):
+        ref = plain.for_layer(0)(*inputs, None).float()
+        assert float((got.float() - ref).norm() / ref.norm()) <= TOLERANCE
+    with fp8.write(1):
+        fp8.for_layer(0)(*later, None)
+    assert fp8.fp8_windows[0] is None

@@ -16,9 +16,12 @@ def passes_match(device: str, heads: int = 3, dim: int = 48, queries: int = 37, 
     (and one channel constant, one all-zero head), lengths no multiple of the tiles, a head size no power
     of two."""
     from longlive_core.infer.attention_fp8_io import (
+        HEADROOM,
         dequantized_output_torch,
         per_tensor_e4m3_torch,
+        placed_e4m3_torch,
         triton_dequantized_output,
+        triton_placed_e4m3,
         triton_smoothed_e4m3,
     )
 
@@ -41,6 +44,18 @@ def passes_match(device: str, heads: int = 3, dim: int = 48, queries: int = 37, 
         assert codes.is_contiguous() and codes.shape == x.shape
         assert torch.equal(descale, ref_descale), (descale, ref_descale)
         assert torch.equal(codes.view(torch.uint8), ref_codes.view(torch.uint8))
+    # a kept window (FP8Window): its scale with headroom, then a later pass's own rows quantized after the
+    # cached ones, some past the headroom (they saturate, never NaN)
+    codes, descale, mean = triton_smoothed_e4m3(k, True, HEADROOM)
+    ref_codes, ref_descale = per_tensor_e4m3_torch(k, mean, HEADROOM)
+    assert torch.equal(descale, ref_descale) and torch.equal(codes.view(torch.uint8), ref_codes.view(torch.uint8))
+    own = made(queries, 8.0) * 3
+    placed, ref = codes.clone(), codes.clone()
+    triton_placed_e4m3(own, mean, descale, placed, keys - queries)
+    placed_e4m3_torch(own, mean, descale, ref, keys - queries)
+    assert torch.equal(placed.view(torch.uint8), ref.view(torch.uint8))
+    assert torch.equal(placed[:, :, :keys - queries].view(torch.uint8), codes[:, :, :keys - queries].view(torch.uint8))
+    assert placed.float().isfinite().all() and placed.float().abs().max() == 448
     # finite codes, as attention's output is: a cast beyond E4M3's 448 may give NaN (never equal to itself)
     o8 = (torch.randn(1, heads, queries, dim, generator=g) * 100).clamp(-448, 448).to(device).to(torch.float8_e4m3fn)
     scale = torch.tensor([0.0173], device=device)
@@ -75,3 +90,31 @@ def test_without_a_gpu_the_passes_are_the_torch_path():
     assert smoothed_e4m3(x, smooth=False)[2] is None
     out = dequantized_output(codes, descale, mean, torch.bfloat16)
     assert out.dtype == torch.bfloat16 and float((out.float() - x.float()).norm() / x.float().norm()) < 0.05
+
+
+def test_a_kept_window_takes_a_later_passs_own_rows_after_its_cached_ones():
+    # a chunk's passes share the cached rows' E4M3 codes; each later pass writes only its own rows, with the
+    # first pass's means and descales (the torch path here; passes_match checks the Triton launch's bits)
+    from longlive_core.infer.attention_fp8_io import HEADROOM, FP8Window, e4m3_codes_torch
+
+    g = torch.Generator().manual_seed(1)
+    cached, own, heads, dim = 40, 8, 2, 16
+    k = (torch.randn(1, heads, cached + own, dim, generator=g) + 4).to(torch.bfloat16)
+    v = torch.randn(1, heads, cached + own, dim, generator=g).to(torch.bfloat16)
+    window = FP8Window.of(k, v, own)
+    assert window.cached == cached and window.nbytes == 2 * k.numel()
+    shifted = k.float() - k.float().mean(dim=2, keepdim=True)
+    assert torch.equal(window.descale_k.flatten(), shifted.abs().amax().reshape(1) / 448 * HEADROOM)
+    first = window.k8.clone()
+    k2 = (torch.randn(1, heads, own, dim, generator=g) + 4).to(torch.bfloat16)
+    v2 = torch.randn(1, heads, own, dim, generator=g).to(torch.bfloat16)
+    assert window.fits(k2, v2) and not window.fits(k2[:, :, :-1], v2[:, :, :-1])
+    window.place(k2, v2)
+    assert torch.equal(window.k8[:, :, :cached].view(torch.uint8), first[:, :, :cached].view(torch.uint8))
+    expected = e4m3_codes_torch(k2.float() - window.k_mean, window.descale_k)
+    assert torch.equal(window.k8[:, :, cached:].view(torch.uint8), expected.view(torch.uint8))
+    # what the kernel reads is [cached; k2] to E4M3's precision (the headroom's binade included)
+    for codes, descale, mean, x in ((window.k8, window.descale_k, window.k_mean, torch.cat([k[:, :, :cached], k2], 2)),
+                                    (window.v8, window.descale_v, window.v_mean, torch.cat([v[:, :, :cached], v2], 2))):
+        back = codes.float() * descale + mean
+        assert float((back - x.float()).norm() / (x.float() - mean).norm()) < 0.05

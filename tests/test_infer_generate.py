@@ -1,6 +1,7 @@
 """The inference engine and ``longlive generate`` on a tiny model folder, on the CPU."""
 from __future__ import annotations
 
+import collections
 import ctypes
 import hashlib
 import json
@@ -24,7 +25,8 @@ from longlive_core.infer.model_folder import load_model_folder
 from longlive_core.infer.prompts import parse_prompts, plan_shots
 from longlive_core.infer.rollout import teacher_schedule
 from longlive_core.infer.sampling import FOLDER, PARAMS, run_sampling
-from longlive_core.models.folder import write_config
+from longlive_core.models.config import dit_config
+from longlive_core.models.folder import read_dit_folder, write_config
 from longlive_core.models.text import text_encoder_from
 from longlive_core.models.vae import vae_from
 from longlive_core.video.writer import VideoWriter
@@ -344,25 +346,33 @@ def test_fp8_attention_goes_through_the_cache_and_is_refused_where_cudnn_cannot_
     monkeypatch.setattr(generate_module, "prepare_model", real_prepare)
     with pytest.raises(ConfigError, match="attention must be one of"):
         config(attention="fp4")
-    # where cuDNN could run it, every cached attention of the video goes to attention_fp8 (here SDPA stands in)
-    calls = []
+    # where cuDNN could run it, every cached attention of the video goes to cuDNN's FP8 attention over a window
+    # in E4M3 (here SDPA over the dequantized window stands in), the window quantized once a chunk a layer
+    windows = []
 
-    def stand_in(q, k, v):
-        calls.append(k.shape[2])
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    def stand_in(q, held):
+        windows.append(held)
+        k = held.k8.float() * held.descale_k + held.k_mean
+        v = held.v8.float() * held.descale_v + held.v_mean
+        return torch.nn.functional.scaled_dot_product_attention(q.float(), k, v).to(q.dtype)
 
-    monkeypatch.setattr(kv_cache, "attention_fp8", stand_in)
+    monkeypatch.setattr(kv_cache, "attention_fp8_window", stand_in)
     monkeypatch.setattr(generate_module.attention_cudnn_fp8, "unavailable_reason", lambda device=None: None)
     frames, sides, routed = {"sdpa": [], "fp8": []}, {}, {}
     for name in frames:
-        before = len(calls)
+        before = len(windows)
         hashed = frames[name]
         sides[name] = generate_file(model_dir, prompts, tmp_path / f"{name}.mp4", config(attention=name),
                                     on_frame=lambda rgb, hashed=hashed: hashed.append(hashlib.sha256(rgb).hexdigest()))
-        routed[name] = len(calls) - before
+        routed[name] = len(windows) - before
     assert sides["fp8"]["attention"] == "fp8" and sides["sdpa"]["attention"] == "sdpa"
     assert routed["sdpa"] == 0 and routed["fp8"] > 0
-    assert frames["fp8"] == frames["sdpa"] and len(frames["sdpa"]) == 26
+    assert len(frames["fp8"]) == len(frames["sdpa"]) == 26
+    # one window a layer a chunk (4 chunks), read by every pass of its chunk: the steps, the last at t = 0
+    # writing the cache (the video's last chunk writes none)
+    passes, layers = len(sides["fp8"]["steps"]), dit_config(read_dit_folder(model_dir).dit["name"]).num_layers
+    uses = collections.Counter(id(held) for held in windows)
+    assert sorted(uses.values()) == [passes - 1] * layers + [passes] * 3 * layers, uses
 
 
 class MallInfo2(ctypes.Structure):

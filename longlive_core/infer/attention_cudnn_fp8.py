@@ -29,7 +29,9 @@ N(0, 1) with a per-channel key offset): relative L2 error 6.0% (Q K^T in E4M3 al
 O 2.6% each; 7.9% without K-smoothing); queries 3x sharper 10%.
 
 Graphs are built once per (shapes, strides, device) and kept in a bounded LRU. ``longlive generate``
-uses it with ``generate.attention: fp8`` (the KV cache's ``attention``); bench/attention_kernels.py has
+uses it with ``generate.attention: fp8`` (the KV cache's ``attention``), through ``attention_fp8_window``:
+a chunk's window is quantized on its first pass and kept, and the later passes quantize their own rows
+only (``attention_fp8_io.FP8Window``); bench/attention_kernels.py has
 its speed, bench/generate_product.py the loop's, bench/fp8_attention_layers.py its error per layer.
 """
 from __future__ import annotations
@@ -41,7 +43,7 @@ from collections import OrderedDict
 
 import torch
 
-from longlive_core.infer.attention_fp8_io import dequantized_output, smoothed_e4m3
+from longlive_core.infer.attention_fp8_io import FP8Window, dequantized_output, smoothed_e4m3
 from longlive_core.quant.fp8 import E4M3_MAX
 
 # The frontend's FP8 SDPA forward support surface (include/cudnn_frontend/node/sdpa_support_surface.h):
@@ -167,9 +169,8 @@ class FP8Inputs:
     dtype: torch.dtype
 
 
-def quantized_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> FP8Inputs:
-    """The checks and the quantization ``attention_fp8`` runs before its kernel (bench/attention_kernels.py
-    times the kernel apart from them)."""
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raises where the kernel cannot run here or cannot take these shapes, saying which."""
     reason = unavailable_reason(q.device)
     if reason is not None:
         raise RuntimeError(f"cuDNN FP8 attention is unavailable here: {reason}")
@@ -183,6 +184,12 @@ def quantized_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> FP8In
             raise ValueError(f"FP8 SDPA needs head dimensions that are multiples of 16 up to {MAX_HEAD_DIM}; got {d}")
     if not (k.device == v.device == q.device):
         raise ValueError(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+
+
+def quantized_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> FP8Inputs:
+    """The checks and the quantization ``attention_fp8`` runs before its kernel (bench/attention_kernels.py
+    times the kernel apart from them)."""
+    _check(q, k, v)
     # K and V smoothed in float32 (no rounding before the E4M3 one); V's mean is added back to the output
     q8, descale_q, _ = smoothed_e4m3(q, smooth=False)
     k8, descale_k, _ = smoothed_e4m3(k, smooth=True)
@@ -238,6 +245,15 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.T
 def attention_fp8_quantized(x: FP8Inputs) -> torch.Tensor:
     """``attention_fp8`` over inputs ``quantized_inputs`` made: the kernel and its output's dequantization."""
     return _attend(x)[0]
+
+
+def attention_fp8_window(q: torch.Tensor, window: FP8Window) -> torch.Tensor:
+    """``attention_fp8`` over a window already in E4M3 (``FP8Window``: a chunk's later passes quantize only
+    their own rows into it): only ``q`` is quantized here."""
+    _check(q, window.k8, window.v8)
+    q8, descale_q, _ = smoothed_e4m3(q, smooth=False)
+    return _attend(FP8Inputs(q8, window.k8, window.v8, descale_q, window.descale_k, window.descale_v,
+                             window.v_mean, q.dtype))[0]
 
 
 def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -10,23 +10,40 @@ one more launch dequantizes the output. The per-tensor amax comes from the chann
 fixed mean, float32 subtraction keeps the order of the values, so the largest |x - mean| is at a
 channel's minimum or maximum, exactly as the torch path finds it. Given the same means, the codes, the
 scales and the output equal the torch path's bit for bit; the means are float32 sums in another order.
+
+A chunk's passes (its denoising steps and the write at t = 0) read one window of cached keys and values:
+``FP8Window`` keeps that window in E4M3 from the chunk's first pass, and a later pass quantizes only the
+chunk's own rows into it (``placed_e4m3``, one launch a tensor), with the first pass's means and descales.
+Any mean serves: softmax ignores a shift every key shares, and V's is added back to the output. The
+descale is ``HEADROOM`` times the first pass's: own rows of a later pass beyond it saturate at +-448.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from longlive_core.quant.fp8 import E4M3_MAX, TINY, quantize_rows_torch
+from longlive_core.quant.fp8 import E4M3_MAX, TINY
 
+# a kept window's descale over its first pass's amax / 448: one binade for the own rows of the later passes.
+# Its cost: values below amax / 14,336 (2^-6 of the doubled descale) turn subnormal, a binade early.
+HEADROOM = 2.0
 ROWS_PER_SPLIT = 256  # tokens one statistics program reads: 110 programs per head over a 28,160-key window
 BLOCK_L = 32  # tokens per tile
 
 
-def per_tensor_e4m3_torch(x: torch.Tensor, mean: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def per_tensor_e4m3_torch(x: torch.Tensor, mean: torch.Tensor | None = None, headroom: float = 1.0
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(E4M3 codes in x's shape, contiguous; float32 descale (1, 1, 1, 1)) with x - mean ~ codes x descale,
-    in float32 (``mean``: (B, H, 1, D) or None)."""
+    in float32 (``mean``: (B, H, 1, D) or None); the descale is ``headroom`` times amax / 448."""
     shifted = x.float() if mean is None else x.float() - mean
-    codes, descale = quantize_rows_torch(shifted.reshape(1, -1))
-    return codes.view(x.shape), descale.view(1, 1, 1, 1)
+    descale = (shifted.abs().amax() / E4M3_MAX).clamp(min=TINY).view(1, 1, 1, 1) * headroom
+    return e4m3_codes_torch(shifted, descale).contiguous(), descale
+
+
+def e4m3_codes_torch(shifted: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """float32 values over ``descale``, saturated at +-448, in E4M3 (the rounding ``quantize_rows_torch`` does)."""
+    return (shifted / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def dequantized_output_torch(o8: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dtype: torch.dtype
@@ -43,19 +60,74 @@ def _on_triton(x: torch.Tensor) -> bool:
     return triton_kernels.available()
 
 
-def smoothed_e4m3_torch(x: torch.Tensor, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A (B, H, L, D) tensor in E4M3 with one float32 descale, less its mean over L per head and channel
-    where ``smooth``: (codes (B, H, L, D) contiguous, descale (1, 1, 1, 1), the float32 mean (B, H, 1, D)
-    or None), by torch's passes."""
+def smoothed_e4m3_torch(x: torch.Tensor, smooth: bool, headroom: float = 1.0
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A (B, H, L, D) tensor in E4M3 with one float32 descale (``headroom`` x amax / 448), less its mean over
+    L per head and channel where ``smooth``: (codes (B, H, L, D) contiguous, descale (1, 1, 1, 1), the
+    float32 mean (B, H, 1, D) or None), by torch's passes."""
     mean = x.float().mean(dim=2, keepdim=True) if smooth else None
-    return (*per_tensor_e4m3_torch(x, mean), mean)
+    return (*per_tensor_e4m3_torch(x, mean, headroom), mean)
 
 
-def smoothed_e4m3(x: torch.Tensor, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def smoothed_e4m3(x: torch.Tensor, smooth: bool, headroom: float = 1.0
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``smoothed_e4m3_torch``'s result; on CUDA from Triton (the means summed in another order)."""
     if _on_triton(x):
-        return triton_smoothed_e4m3(x, smooth)
-    return smoothed_e4m3_torch(x, smooth)
+        return triton_smoothed_e4m3(x, smooth, headroom)
+    return smoothed_e4m3_torch(x, smooth, headroom)
+
+
+def placed_e4m3_torch(x: torch.Tensor, mean: torch.Tensor, descale: torch.Tensor, out: torch.Tensor, row0: int
+                      ) -> None:
+    """(x - mean) / descale in E4M3 into rows [row0, row0 + L) of ``out`` (B, H, T, D), by torch's passes."""
+    out[:, :, row0:row0 + x.shape[2]] = e4m3_codes_torch(x.float() - mean, descale)
+
+
+def placed_e4m3(x: torch.Tensor, mean: torch.Tensor, descale: torch.Tensor, out: torch.Tensor, row0: int) -> None:
+    """``placed_e4m3_torch``'s codes; on CUDA from one Triton launch (``out`` contiguous): the same bits."""
+    if _on_triton(x):
+        triton_placed_e4m3(x, mean, descale, out, row0)
+    else:
+        placed_e4m3_torch(x, mean, descale, out, row0)
+
+
+@dataclasses.dataclass(frozen=True)
+class FP8Window:
+    """One layer's [cached keys and values; a chunk's own] in E4M3 as cuDNN's FP8 SDPA reads them (K and V
+    smoothed, one descale each), kept across the chunk's passes: the cached rows' codes stay, and each later
+    pass writes its own rows' codes after them (``place``). What a pass attends to is exact to E4M3; only
+    the scales were chosen on the first pass."""
+
+    k8: torch.Tensor  # (B, H, N + M, D) contiguous E4M3: N cached rows, then the chunk's own M
+    v8: torch.Tensor
+    descale_k: torch.Tensor  # float32 (1, 1, 1, 1)
+    descale_v: torch.Tensor
+    k_mean: torch.Tensor  # float32 (B, H, 1, D)
+    v_mean: torch.Tensor  # float32 (B, H, 1, D): added back to the output
+    cached: int  # N
+
+    @classmethod
+    def of(cls, k: torch.Tensor, v: torch.Tensor, own: int) -> FP8Window:
+        """The window [cached; own] of (B, H, N + M, D) ``k`` and ``v`` whose last ``own`` rows are the
+        chunk's: its means and ``HEADROOM`` x its amax / 448 as the scales."""
+        k8, descale_k, k_mean = smoothed_e4m3(k, smooth=True, headroom=HEADROOM)
+        v8, descale_v, v_mean = smoothed_e4m3(v, smooth=True, headroom=HEADROOM)
+        return cls(k8, v8, descale_k, descale_v, k_mean, v_mean, k.shape[2] - own)
+
+    def fits(self, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether a chunk's own ``k`` and ``v`` (B, H, M, D) take the place of the first pass's."""
+        own = (*self.k8.shape[:2], self.k8.shape[2] - self.cached)
+        return (tuple(k.shape[:3]) == own == tuple(v.shape[:3]) and k.shape[3] == self.k8.shape[3]
+                and v.shape[3] == self.v8.shape[3] and k.device == v.device == self.k8.device)
+
+    def place(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """A later pass's own keys and values into the rows after the cached ones (``fits`` first)."""
+        placed_e4m3(k, self.k_mean, self.descale_k, self.k8, self.cached)
+        placed_e4m3(v, self.v_mean, self.descale_v, self.v8, self.cached)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k8.numel() + self.v8.numel()
 
 
 def dequantized_output(o8: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dtype: torch.dtype
@@ -100,7 +172,7 @@ if triton is not None:
         tl.store(max_ptr + out, hi, mask=in_d)
 
     @triton.jit
-    def _quantize_shifted(x_ptr, mean_ptr, descale_ptr, q_ptr, H, L, sxb, sxh, sxl,
+    def _quantize_shifted(x_ptr, mean_ptr, descale_ptr, q_ptr, H, L, sxb, sxh, sxl, out_rows, row0,
                           D: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr):
         bh = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -114,7 +186,7 @@ if triton is not None:
         if not _HW_ROUND:  # rounded here: the interpreter's cast truncates. A product, not Triton's unary
             # minus (0 - x): a negative value that rounds to zero keeps its sign, as torch's cast and the GPU's do
             q = tl.where(q < 0, -1.0, 1.0) * _round_e4m3(tl.abs(q))
-        out = (bh.to(tl.int64) * L + rows[:, None]) * D + d[None, :]
+        out = (bh.to(tl.int64) * out_rows + row0 + rows[:, None]) * D + d[None, :]
         tl.store(q_ptr + out, q.to(tl.float8e4nv), mask=valid)
 
     @triton.jit
@@ -136,7 +208,8 @@ def _pad(d: int) -> int:
     return 1 << (d - 1).bit_length()
 
 
-def triton_smoothed_e4m3(x: torch.Tensor, smooth: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def triton_smoothed_e4m3(x: torch.Tensor, smooth: bool, headroom: float = 1.0
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``smoothed_e4m3`` by the Triton kernels (any device Triton runs on, its interpreter included)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -152,12 +225,28 @@ def triton_smoothed_e4m3(x: torch.Tensor, smooth: bool) -> tuple[torch.Tensor, t
     else:
         mean = None
         amax = torch.maximum(hi.abs(), lo.abs()).amax()
-    descale = (amax / E4M3_MAX).clamp(min=TINY).view(1, 1, 1, 1)
+    descale = (amax / E4M3_MAX).clamp(min=TINY).view(1, 1, 1, 1) * headroom
     codes = torch.empty((b, h, length, d), dtype=torch.float8_e4m3fn, device=x.device)
     _quantize_shifted[(b * h, triton.cdiv(length, BLOCK_L))](  # unsmoothed, the mean's pointer is never read
         x, mean if smooth else descale, descale, codes, h, length, x.stride(0), x.stride(1), x.stride(2),
-        D=d, D_PAD=_pad(d), BLOCK=BLOCK_L, SMOOTH=smooth)
+        length, 0, D=d, D_PAD=_pad(d), BLOCK=BLOCK_L, SMOOTH=smooth)
     return codes, descale, None if mean is None else mean.view(b, h, 1, d)
+
+
+def triton_placed_e4m3(x: torch.Tensor, mean: torch.Tensor, descale: torch.Tensor, out: torch.Tensor, row0: int
+                       ) -> None:
+    """``placed_e4m3`` by the Triton kernel: ``mean`` (B, H, 1, D) float32 and ``out`` contiguous."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    b, h, length, d = x.shape
+    if not (out.is_contiguous() and out.shape[:2] == x.shape[:2] and out.shape[3] == d
+            and row0 >= 0 and row0 + length <= out.shape[2]):
+        raise ValueError(f"rows {row0}..{row0 + length} of {tuple(x.shape)} do not fit a contiguous "
+                         f"{tuple(out.shape)}")
+    if length:
+        _quantize_shifted[(b * h, triton.cdiv(length, BLOCK_L))](
+            x, mean.float().contiguous(), descale, out, h, length, x.stride(0), x.stride(1), x.stride(2),
+            out.shape[2], row0, D=d, D_PAD=_pad(d), BLOCK=BLOCK_L, SMOOTH=True)
 
 
 def triton_dequantized_output(o8: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dtype: torch.dtype

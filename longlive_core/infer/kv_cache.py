@@ -28,7 +28,8 @@ import dataclasses
 
 import torch
 
-from longlive_core.infer.attention_cudnn_fp8 import attention_fp8
+from longlive_core.infer.attention_cudnn_fp8 import attention_fp8_window
+from longlive_core.infer.attention_fp8_io import FP8Window
 from longlive_core.infer.config import SinkConfig
 from longlive_core.infer.kv_attention import smoothed, window
 from longlive_core.infer.kv_quant import KVQuantConfig
@@ -155,6 +156,9 @@ class KVCache:
         self.keys: list[list] = [[] for _ in range(num_layers)]
         self.values: list[list] = [[] for _ in range(num_layers)]
         self.key_mean: list[torch.Tensor | None] = [None] * num_layers  # K-smoothing's, from the first chunk
+        # per layer, with attention fp8: the window in E4M3 that a chunk's first pass made, for its later
+        # passes (dropped at the next write: ~5 GB over 30 layers at the paper's window)
+        self.fp8_windows: list[FP8Window | None] = [None] * num_layers
         self.frames = 0  # latent frames held (every layer, once a write pass is complete)
         self.video_frames = 0  # latent frames written since the video began
         self.global_sink, self.shot_sink = Span(), Span()
@@ -224,6 +228,7 @@ class KVCache:
         """``in_room``: the layer's read put ``k`` and ``v`` in its buffers' room (``PlainWindow.with_own``)."""
         k, v = k.detach(), v.detach()
         tpf = self.tokens_per_frame
+        self.fp8_windows[index] = None  # it held the window this write changes
         self._writes[index] += 1
         if self._writes[index] > 1:
             raise RuntimeError(f"layer {index} ran twice in one write pass")
@@ -272,19 +277,36 @@ class CachedAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: MaskMod | None) -> torch.Tensor:
         if mask_mod is not None:
             raise ValueError("cached attention takes no mask: the cache holds exactly what the chunk may see")
-        in_room = self._in_place(q, k, v)
-        if in_room:  # the chunk's own rows into the buffer's room: no copy of the window
-            full_k, full_v = self.past_k[0].with_own(k), self.past_v[0].with_own(v)
-        else:  # the chunk's own keys minus the same K-smoothing mean as the cached ones (a quantized
-            # cache's), written into the window as it is made
-            full_k, full_v = window(self.past_k, k, self.key_mean), window(self.past_v, v)
-        if self.cache.attention == "fp8":
-            out = attention_fp8(q, full_k, full_v)
-        else:  # no mask: dense flash attention where there is one
-            out = attend(q, full_k, full_v, None, backend="sdpa")
+        fp8 = self.cache.attention == "fp8"
+        held = self._held_fp8(q, k, v) if fp8 else None
+        in_room = held is None and self._in_place(q, k, v)
+        if held is not None:  # a later pass of the chunk: its own rows only are quantized, after the cached ones
+            held.place(smoothed(k, self.key_mean), v)
+        else:
+            if in_room:  # the chunk's own rows into the buffer's room: no copy of the window
+                full_k, full_v = self.past_k[0].with_own(k), self.past_v[0].with_own(v)
+            else:  # the chunk's own keys minus the same K-smoothing mean as the cached ones (a quantized
+                # cache's), written into the window as it is made
+                full_k, full_v = window(self.past_k, k, self.key_mean), window(self.past_v, v)
+            if fp8:
+                held = FP8Window.of(full_k, full_v, own=k.shape[2])
+                if self._current(q, k, v):
+                    self.cache.fp8_windows[self.index] = held
+        # SDPA with no mask: dense flash attention where there is one
+        out = attention_fp8_window(q, held) if fp8 else attend(q, full_k, full_v, None, backend="sdpa")
         if self.writing:  # rows the read put in the room are not copied there again
             self.cache._append(self.index, k, v, in_room)
         return out
+
+    def _current(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether this attention reads the cache's newest window, with no gradient."""
+        return (self.past_k is self.cache.keys[self.index]
+                and not (q.requires_grad or k.requires_grad or v.requires_grad))
+
+    def _held_fp8(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> FP8Window | None:
+        """The FP8 window an earlier pass over this cache made, where ``k`` and ``v`` take its own rows' place."""
+        held = self.cache.fp8_windows[self.index]
+        return held if held is not None and self._current(q, k, v) and held.fits(k, v) else None
 
     def _in_place(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         """A BF16 cache's newest window, read with no gradient: the room after its rows is free (a
@@ -292,6 +314,5 @@ class CachedAttention:
         any gradient flows through: attention's backward keeps the keys and values it read, and the
         room is written again by the next read)."""
         past_k, past_v = self.past_k, self.past_v
-        return (len(past_k) == 1 and isinstance(past_k[0], PlainWindow) and past_k is self.cache.keys[self.index]
-                and not (q.requires_grad or k.requires_grad or v.requires_grad)
+        return (len(past_k) == 1 and isinstance(past_k[0], PlainWindow) and self._current(q, k, v)
                 and past_k[0].fits(k) and past_v[0].fits(v))
