@@ -236,11 +236,12 @@ def row_of(side: dict, model: str, precision: str, **more) -> dict:
 # A profile's kernels, each in the first group that names it: cuDNN's attention before the convolutions (its
 # kernels are named "..._sdpa_..._fprop_..."), the convolutions before the GEMMs (cuDNN's are implicit GEMMs), FP8
 # GEMMs (named for E4M3) before the quantization passes (the KV cache's reads and writes, FP8 attention's, the linears')
-KERNEL_GROUPS = {"attention": ("flash", "fmha", "attention", "sdpa"),
+# compiled Triton kernels first: inductor names them for the ops they fuse ("triton_poi_fused_convolution_...")
+KERNEL_GROUPS = {"Triton (compiled)": ("triton",),
+                 "attention": ("flash", "fmha", "attention", "sdpa"),
                  "convolutions": ("conv", "fprop", "dgrad", "implicit"),
                  "GEMMs": ("gemm", "nvjet", "cutlass", "xmma"),
                  "quantization": ("quant", "e4m3", "fp8_rows", "shifted_rows", "channel_stats"),
-                 "Triton (compiled)": ("triton",),
                  "copies": ("memcpy", "memset", "copy")}
 
 

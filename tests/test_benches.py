@@ -147,7 +147,8 @@ def test_the_fp8_accumulation_model_reads_a_dump_and_finds_the_offset_that_the_a
 def test_a_profiles_kernels_fall_each_in_the_first_group_naming_them(capsys):
     """The product bench's profile shares: cuDNN's attention (named "..._sdpa_..._fprop_...") counted as
     attention, a cuDNN convolution (an implicit GEMM) as a convolution, an FP8 GEMM (named for E4M3) as a
-    GEMM, and the groups with "other" adding up to the device time."""
+    GEMM, a compiled Triton kernel fused around a convolution as Triton, and the groups with "other" adding
+    up to the device time."""
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
@@ -163,8 +164,10 @@ def test_a_profiles_kernels_fall_each_in_the_first_group_naming_them(capsys):
               kernel("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128", 1000),
               kernel("nvjet_tst_128x256_h_bz_coopA_NNT", 2000), kernel("_dequantize_rows", 1000),
               kernel("void at::native::elementwise_kernel", 1000),
+              kernel("triton_poi_fused_convolution_constant_pad_nd_3", 1000),
               SimpleNamespace(key="aten::mm", device_time_total=3000, count=1, device_type=DeviceType.CPU)]
     print_kernels(SimpleNamespace(key_averages=lambda: events), 2, KERNEL_GROUPS)
     head = capsys.readouterr().out.splitlines()[0]
-    assert head == ("  kernels: 11 ms of device time, attention 18% (2 ms), convolutions 36% (4 ms), GEMMs 27% (3 ms), "
-                    "quantization 9% (1 ms), Triton (compiled) 0% (0 ms), copies 0% (0 ms), other 9% (1 ms)"), head
+    assert head == ("  kernels: 12 ms of device time, Triton (compiled) 8% (1 ms), attention 17% (2 ms), "
+                    "convolutions 33% (4 ms), GEMMs 25% (3 ms), quantization 8% (1 ms), copies 0% (0 ms), "
+                    "other 8% (1 ms)"), head
