@@ -6,8 +6,10 @@ Numerics, per call (all scales stay on the device: no host sync):
 
 - Q, K and V in E4M3, each with one float32 scale per tensor (descale = amax / 448, codes = x / descale;
   ``attention_fp8_io``: on CUDA two Triton launches per tensor, where torch's passes took 3.3 ms of 5.9
-  on the H200). K is smoothed first: its mean over the tokens, per head and channel, is subtracted
-  (softmax ignores a shift every key shares, and real keys
+  on the H200). Generation keeps a chunk's K and V codes over its passes (``attention_fp8_window``):
+  their descales are twice amax / 448 there (``attention_fp8_io.HEADROOM``), and a later pass
+  quantizes its own rows only, one launch each for K and V. K is smoothed first: its mean over the
+  tokens, per head and channel, is subtracted (softmax ignores a shift every key shares, and real keys
   carry a per-channel offset that would eat the range), as ``attention_8bit`` does. V is smoothed too: its
   mean over the tokens is subtracted and added back to the output (exact: every row of P sums to 1).
   Hopper's FP8 tensor cores add each product into the accumulator at limited precision, and a P V
@@ -20,9 +22,10 @@ Numerics, per call (all scales stay on the device: no host sync):
 - S = Q K^T x descale_q x descale_k / sqrt(D) in float32 inside the kernel; P = exp(S - running max),
   in (0, 1], times ``P_SCALE`` = 448 into E4M3 for P V (descale 1 / 448).
 - O in E4M3: on Hopper cuDNN writes an FP8 O only (a BF16 O needs Blackwell and cuDNN >= 9.13, the
-  frontend's ``sdpa_support_surface.h``), scaled by ``O_HEADROOM`` x 448 / amax(V) (|O| <= amax(V): a
+  frontend's ``sdpa_support_surface.h``), scaled by ``O_HEADROOM`` / descale_v (|O| <= max |V|: a
   convex combination of V's rows; of the smoothed V's here), then dequantized here to the input's dtype.
-  The O rounding is a third E4M3 rounding on top of Q K^T's and P's.
+  The O rounding is a third E4M3 rounding on top of Q K^T's and P's. With a kept window's doubled
+  descale, O's codes reach about 112, not 224: a later pass's own V rows may reach 448 x descale_v.
 
 Emulated in float32 on the CPU against float64 attention (two heads of 128, 512 queries over 28,160 keys,
 N(0, 1) with a per-channel key offset): relative L2 error 6.0% (Q K^T in E4M3 alone 4.7%, P 2.6%, V and

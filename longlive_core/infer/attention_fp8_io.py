@@ -26,7 +26,8 @@ import torch
 from longlive_core.quant.fp8 import E4M3_MAX, TINY
 
 # a kept window's descale over its first pass's amax / 448: one binade for the own rows of the later passes.
-# Its cost: values below amax / 14,336 (2^-6 of the doubled descale) turn subnormal, a binade early.
+# Its cost: values below amax / 14,336 (2^-6 of the doubled descale) turn subnormal, a binade early, and
+# so do the output's (cuDNN's O is scaled by V's descale: attention_cudnn_fp8.O_HEADROOM).
 HEADROOM = 2.0
 ROWS_PER_SPLIT = 256  # tokens one statistics program reads: 110 programs per head over a 28,160-key window
 BLOCK_L = 32  # tokens per tile
@@ -243,6 +244,8 @@ def triton_placed_e4m3(x: torch.Tensor, mean: torch.Tensor, descale: torch.Tenso
             and row0 >= 0 and row0 + length <= out.shape[2]):
         raise ValueError(f"rows {row0}..{row0 + length} of {tuple(x.shape)} do not fit a contiguous "
                          f"{tuple(out.shape)}")
+    if tuple(mean.shape) != (b, h, 1, d):
+        raise ValueError(f"the mean must be ({b}, {h}, 1, {d}); got {tuple(mean.shape)}")
     if length:
         _quantize_shifted[(b * h, triton.cdiv(length, BLOCK_L))](
             x, mean.float().contiguous(), descale, out, h, length, x.stride(0), x.stride(1), x.stride(2),

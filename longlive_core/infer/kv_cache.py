@@ -17,7 +17,9 @@ any other. Keys and values as computed sit in one buffer a layer with room for a
 window (``PlainWindow``: a read copies only the chunk's own rows, at the cost of that room's memory,
 a chunk's keys and values in every layer). They may be held in NVFP4 or FP8 (``kv_quant.py``),
 dequantized to the compute dtype for each read (on a GPU by Triton launches that write the window
-once: ``kv_attention.window``) and attended by SDPA. (Dequantizing inside the attention kernel instead,
+once: ``kv_attention.window``) and attended by SDPA. With ``attention="fp8"`` (cuDNN's FP8 SDPA) a
+chunk's first pass puts that window in E4M3 and keeps it (``FP8Window``); its later passes quantize only
+their own rows into it, and the next write drops it. (Dequantizing inside the attention kernel instead,
 ``kv_attention.nvfp4_cache_attention``, measured 3.9x slower than this on the H200: every query tile
 decodes the whole window again; bench/RESULTS.md.)
 """
@@ -58,10 +60,11 @@ class Span:
 class PlainWindow:
     """One layer's cached keys or values as computed, (B, H, T, D): the first ``tokens`` rows of
     ``rows``, a buffer with room after them for a chunk's own. A read that carries no gradient copies
-    the chunk's own rows into that room and attends over one view of the buffer, where concatenating
-    [cache; own] would copy the whole window for every pass of every layer. Rows below ``tokens`` are
-    never written again: a write pass that drops frames fills a new buffer, so an attention that holds
-    an older window (activation checkpointing's recomputation) reads what it read before."""
+    the chunk's own rows into that room (with FP8 attention, a chunk's first read only) and attends over
+    one view of the buffer, where concatenating [cache; own] would copy the whole window for every pass
+    of every layer. Rows below ``tokens`` are never written again: a write pass that drops frames fills
+    a new buffer, so an attention that holds an older window (activation checkpointing's recomputation)
+    reads what it read before."""
     rows: torch.Tensor
     tokens: int
     data: torch.Tensor = dataclasses.field(init=False, repr=False)  # the held rows, a view made once
@@ -156,9 +159,10 @@ class KVCache:
         self.keys: list[list] = [[] for _ in range(num_layers)]
         self.values: list[list] = [[] for _ in range(num_layers)]
         self.key_mean: list[torch.Tensor | None] = [None] * num_layers  # K-smoothing's, from the first chunk
-        # per layer, with attention fp8: the window in E4M3 that a chunk's first pass made, for its later
-        # passes (dropped at the next write: ~5 GB over 30 layers at the paper's window)
-        self.fp8_windows: list[FP8Window | None] = [None] * num_layers
+        # per layer, with attention fp8: (the cached chunks it was made from, the window in E4M3 a chunk's
+        # first pass made) for its later passes; dropped at the next write. Not in ``nbytes``: ~5 GB over
+        # 30 layers at the paper's window, all held between a chunk's passes
+        self.fp8_windows: list[tuple[list, FP8Window] | None] = [None] * num_layers
         self.frames = 0  # latent frames held (every layer, once a write pass is complete)
         self.video_frames = 0  # latent frames written since the video began
         self.global_sink, self.shot_sink = Span(), Span()
@@ -291,7 +295,7 @@ class CachedAttention:
             if fp8:
                 held = FP8Window.of(full_k, full_v, own=k.shape[2])
                 if self._current(q, k, v):
-                    self.cache.fp8_windows[self.index] = held
+                    self.cache.fp8_windows[self.index] = (self.past_k, held)
         # SDPA with no mask: dense flash attention where there is one
         out = attention_fp8_window(q, held) if fp8 else attend(q, full_k, full_v, None, backend="sdpa")
         if self.writing:  # rows the read put in the room are not copied there again
@@ -305,8 +309,10 @@ class CachedAttention:
 
     def _held_fp8(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> FP8Window | None:
         """The FP8 window an earlier pass over this cache made, where ``k`` and ``v`` take its own rows' place."""
-        held = self.cache.fp8_windows[self.index]
-        return held if held is not None and self._current(q, k, v) and held.fits(k, v) else None
+        kept = self.cache.fp8_windows[self.index]
+        if kept is None or kept[0] is not self.past_k or not self._current(q, k, v) or not kept[1].fits(k, v):
+            return None
+        return kept[1]
 
     def _in_place(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
         """A BF16 cache's newest window, read with no gradient: the room after its rows is free (a
