@@ -200,11 +200,14 @@ def _dvc_project(root: Path, cmd: str, time_limit: str = "5") -> Path:
 
 
 def _wait_running(job_log_dir: Path, timeout: float = 60, flow: subprocess.Popen | None = None) -> str:
-    """The running job's id; the failure says what the queue and the flow's process (sent SIGTERM then) showed."""
+    """The id of the running job whose log goes to ``job_log_dir`` (this test's project: a job another test
+    left is never taken); the failure says what the queue and the flow's process (sent SIGTERM then) showed."""
     deadline, out = time.time() + timeout, ""
     while time.time() < deadline and (flow is None or flow.poll() is None):
-        out = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True).stdout
-        running = [f[0] for f in map(str.split, out.splitlines()) if f[1:3] == ["longlive-work", "RUNNING"]]
+        out = subprocess.run(["squeue", "-h", "-O", "JobID:24,Name:40,State:16,STDOUT:2000"], capture_output=True,
+                             text=True).stdout
+        running = [f[0] for f in map(str.split, out.splitlines())
+                   if f[1:3] == ["longlive-work", "RUNNING"] and len(f) > 3 and Path(f[3]).parent == job_log_dir]
         if running and any(job_log_dir.glob("work-*.log")):
             return running[0]
         time.sleep(0.5)
