@@ -20,8 +20,8 @@ pure noise) runs twice:
   pass's scales, ``attention_fp8_io.FP8Window``): at t = 1000, 750, 500, 250 and 0, the inputs noise
   blended with one random clean chunk, each pass's velocity against the BF16 cache's on the same input,
   and the share of the chunk's own key and value codes at E4M3's top, +-448 (saturated past the headroom,
-  or rounded there); over the full window, then as a video's first chunk (no cached frames: its own
-  rows at t = 1000, pure noise, set the scales).
+  or rounded there). (A video's first chunk, with no cached frames, keeps no window: each of its passes
+  quantizes its own rows with their own scales.)
 
 Random weights make near-uniform attention; real weights sharpen it, which the recipe's emulation
 puts at 6% for N(0, 1) inputs and 10% for 3x sharper queries (infer/attention_cudnn_fp8.py).
@@ -139,10 +139,6 @@ def main() -> None:
         finally:
             kv_cache.attend = bf16_attend
         passes = kept_window_passes(model, cache, noise, text, positions)
-        model.attention_fn = KVCache(len(model.blocks), tokens_per_frame, args.frames)
-        first_chunk = kept_window_passes(model, model.attention_fn, noise, text,
-                                         torch.arange(args.chunk, device="cuda"))
-        model.attention_fn = cache
     step = relative(v_fp8, v_bf16)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: a {args.chunk}-frame chunk over "
           f"{past} cached frames, {len(layers)} layers, random weights", flush=True)
@@ -151,12 +147,12 @@ def main() -> None:
     for row in layers:
         print(f"| {row['layer']} | {row['fp8_vs_bf16']:.4f} | {row['fp8_vs_fp32']:.4f} | {row['bf16_vs_fp32']:.4f} "
               f"| {row['q_peak']:.1f}, {row['k_peak']:.1f}, {row['v_peak']:.1f} | {row['o_of_v_amax']:.4f} |")
-    print("| chunk | pass t | velocity, FP8 kept window vs BF16 | own K codes at +-448 | own V codes at +-448 |")
-    print("|---|---:|---:|---:|---:|")
-    for name, rows in ((f"after {past} frames", passes), ("a video's first", first_chunk)):
-        for row in rows:
-            print(f"| {name} | {row['t']:.0f} | {row['velocity_fp8_vs_bf16']:.4f} | {row['k_saturated']:.2e} | "
-                  f"{row['v_saturated']:.2e} |")
+    print(f"| pass t (after {past} frames) | velocity, FP8 kept window vs BF16 | own K codes at +-448 | "
+          "own V codes at +-448 |")
+    print("|---:|---:|---:|---:|")
+    for row in passes:
+        print(f"| {row['t']:.0f} | {row['velocity_fp8_vs_bf16']:.4f} | {row['k_saturated']:.2e} | "
+              f"{row['v_saturated']:.2e} |")
     worst = max(layers, key=lambda r: r["fp8_vs_bf16"])
     mean = sum(r["fp8_vs_bf16"] for r in layers) / len(layers)
     print(f"mean FP8 vs BF16 {mean:.4f}, worst {worst['fp8_vs_bf16']:.4f} (layer {worst['layer']}); the step's "
@@ -164,7 +160,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps({"layers": layers, "velocity_fp8_vs_bf16": step, "mean_fp8_vs_bf16": mean,
-                                 "passes": passes, "first_chunk_passes": first_chunk}) + "\n")
+                                 "passes": passes}) + "\n")
 
 
 if __name__ == "__main__":

@@ -108,11 +108,11 @@ class FP8Window:
     cached: int  # N
 
     @classmethod
-    def of(cls, k: torch.Tensor, v: torch.Tensor, own: int) -> FP8Window:
+    def of(cls, k: torch.Tensor, v: torch.Tensor, own: int, headroom: float = HEADROOM) -> FP8Window:
         """The window [cached; own] of (B, H, N + M, D) ``k`` and ``v`` whose last ``own`` rows are the
-        chunk's: its means and ``HEADROOM`` x its amax / 448 as the scales."""
-        k8, descale_k, k_mean = smoothed_e4m3(k, smooth=True, headroom=HEADROOM)
-        v8, descale_v, v_mean = smoothed_e4m3(v, smooth=True, headroom=HEADROOM)
+        chunk's: its means and ``headroom`` x its amax / 448 as the scales (1: a window for this pass only)."""
+        k8, descale_k, k_mean = smoothed_e4m3(k, smooth=True, headroom=headroom)
+        v8, descale_v, v_mean = smoothed_e4m3(v, smooth=True, headroom=headroom)
         return cls(k8, v8, descale_k, descale_v, k_mean, v_mean, k.shape[2] - own)
 
     def fits(self, k: torch.Tensor, v: torch.Tensor) -> bool:

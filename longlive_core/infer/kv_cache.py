@@ -18,8 +18,9 @@ window (``PlainWindow``: a read copies only the chunk's own rows, at the cost of
 a chunk's keys and values in every layer). They may be held in NVFP4 or FP8 (``kv_quant.py``),
 dequantized to the compute dtype for each read (on a GPU by Triton launches that write the window
 once: ``kv_attention.window``) and attended by SDPA. With ``attention="fp8"`` (cuDNN's FP8 SDPA) a
-chunk's first pass puts that window in E4M3 and keeps it (``FP8Window``); its later passes quantize only
-their own rows into it, and the next write drops it. (Dequantizing inside the attention kernel instead,
+chunk's first pass puts that window in E4M3 and keeps it (``FP8Window``; not a video's first chunk,
+which has no cached rows); its later passes quantize only their own rows into it, and the next write
+drops it. (Dequantizing inside the attention kernel instead,
 ``kv_attention.nvfp4_cache_attention``, measured 3.9x slower than this on the H200: every query tile
 decodes the whole window again; bench/RESULTS.md.)
 """
@@ -31,7 +32,7 @@ import dataclasses
 import torch
 
 from longlive_core.infer.attention_cudnn_fp8 import attention_fp8_window
-from longlive_core.infer.attention_fp8_io import FP8Window
+from longlive_core.infer.attention_fp8_io import HEADROOM, FP8Window
 from longlive_core.infer.config import SinkConfig
 from longlive_core.infer.kv_attention import smoothed, window
 from longlive_core.infer.kv_quant import KVQuantConfig
@@ -292,9 +293,10 @@ class CachedAttention:
             else:  # the chunk's own keys minus the same K-smoothing mean as the cached ones (a quantized
                 # cache's), written into the window as it is made
                 full_k, full_v = window(self.past_k, k, self.key_mean), window(self.past_v, v)
-            if fp8:
-                held = FP8Window.of(full_k, full_v, own=k.shape[2])
-                if self._current(q, k, v):
+            if fp8:  # kept where cached rows are (with none, a later pass would save nothing and risk saturating)
+                keep = self._current(q, k, v) and full_k.shape[2] > k.shape[2]
+                held = FP8Window.of(full_k, full_v, own=k.shape[2], headroom=HEADROOM if keep else 1.0)
+                if keep:
                     self.cache.fp8_windows[self.index] = (self.past_k, held)
         # SDPA with no mask: dense flash attention where there is one
         out = attention_fp8_window(q, held) if fp8 else attend(q, full_k, full_v, None, backend="sdpa")
