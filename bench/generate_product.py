@@ -233,10 +233,11 @@ def row_of(side: dict, model: str, precision: str, **more) -> dict:
     return row
 
 
-# A profile's kernels, each in the first group that names it: cuDNN's attention before the convolutions (its
-# kernels are named "..._sdpa_..._fprop_..."), the convolutions before the GEMMs (cuDNN's are implicit GEMMs), FP8
-# GEMMs (named for E4M3) before the quantization passes (the KV cache's reads and writes, FP8 attention's, the linears')
-# compiled Triton kernels first: inductor names them for the ops they fuse ("triton_poi_fused_convolution_...")
+# A profile's kernels, each in the first group whose words its name holds, so the order matters: compiled Triton
+# kernels first (inductor names them for the ops they fuse: "triton_poi_fused_convolution_..."), cuDNN's attention
+# before the convolutions (its kernels are named "..._sdpa_..._fprop_..."), the convolutions before the GEMMs
+# (cuDNN's are implicit GEMMs), FP8 GEMMs (their names hold "e4m3") before the quantization passes (the KV cache's
+# reads and writes, FP8 attention's, the linears').
 KERNEL_GROUPS = {"Triton (compiled)": ("triton",),
                  "attention": ("flash", "fmha", "attention", "sdpa"),
                  "convolutions": ("conv", "fprop", "dgrad", "implicit"),

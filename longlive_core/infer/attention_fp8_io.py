@@ -23,7 +23,7 @@ import dataclasses
 
 import torch
 
-from longlive_core.quant.fp8 import E4M3_MAX, TINY
+from longlive_core.quant.fp8 import E4M3_MAX, TINY, e4m3_codes_torch
 
 # a kept window's descale over its first pass's amax / 448: one binade for the own rows of the later passes.
 # Its cost: values below amax / 14,336 (2^-6 of the doubled descale) turn subnormal, a binade early, and
@@ -40,11 +40,6 @@ def per_tensor_e4m3_torch(x: torch.Tensor, mean: torch.Tensor | None = None, hea
     shifted = x.float() if mean is None else x.float() - mean
     descale = (shifted.abs().amax() / E4M3_MAX).clamp(min=TINY).view(1, 1, 1, 1) * headroom
     return e4m3_codes_torch(shifted, descale).contiguous(), descale
-
-
-def e4m3_codes_torch(shifted: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
-    """float32 values over ``descale``, saturated at +-448, in E4M3 (the rounding ``quantize_rows_torch`` does)."""
-    return (shifted / descale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def dequantized_output_torch(o8: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dtype: torch.dtype
@@ -125,10 +120,6 @@ class FP8Window:
         """A later pass's own keys and values into the rows after the cached ones (``fits`` first)."""
         placed_e4m3(k, self.k_mean, self.descale_k, self.k8, self.cached)
         placed_e4m3(v, self.v_mean, self.descale_v, self.v8, self.cached)
-
-    @property
-    def nbytes(self) -> int:
-        return self.k8.numel() + self.v8.numel()
 
 
 def dequantized_output(o8: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, dtype: torch.dtype

@@ -18,10 +18,16 @@ E4M3_MAX = 448.0
 TINY = 1e-12  # an all-zero row gets a scale that divides safely and multiplies back to zero
 
 
+def e4m3_codes_torch(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 ``x`` over ``scale`` (broadcast), saturated at +-448, rounded to E4M3: the one rounding every
+    torch path here and each Triton kernel's reference use."""
+    return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
 def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(M, K) -> (E4M3 codes (M, K), float32 scales (M, 1)): x ~ codes * scale."""
     scale = (x.float().abs().amax(dim=1, keepdim=True) / E4M3_MAX).clamp(min=TINY)
-    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+    return e4m3_codes_torch(x.float(), scale), scale
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
