@@ -70,6 +70,7 @@ _graphs: OrderedDict = OrderedDict()
 _handles: dict[int, object] = {}
 _constants: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 _import: list = []  # [module or None, why it did not import]
+_ready: set[int] = set()  # devices ``unavailable_reason`` passed: once per process, not per layer and pass
 
 
 def _cudnn():
@@ -174,9 +175,11 @@ class FP8Inputs:
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raises where the kernel cannot run here or cannot take these shapes, saying which."""
-    reason = unavailable_reason(q.device)
-    if reason is not None:
-        raise RuntimeError(f"cuDNN FP8 attention is unavailable here: {reason}")
+    if not (q.is_cuda and q.device.index in _ready):
+        reason = unavailable_reason(q.device)
+        if reason is not None:
+            raise RuntimeError(f"cuDNN FP8 attention is unavailable here: {reason}")
+        _ready.add(q.device.index)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k and v must be (B, H, L, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if k.shape[2] != v.shape[2] or q.shape[-1] != k.shape[-1]:
