@@ -32,7 +32,9 @@ N(0, 1) plus a per-channel offset (as real keys carry), random bf16 drawn on the
   (``attention_fp8_io``'s reference path, what ``attention_fp8`` ran before the Triton launches);
 - ``cudnn fp8 kernel`` the same over inputs quantized beforehand (``attention_cudnn_fp8.quantized_inputs``):
   the fused kernel and its output's dequantization only, to tell the kernel's speed from the
-  smoothing and quantization passes over the window's keys and values.
+  smoothing and quantization passes over the window's keys and values;
+- ``cudnn fp8, kept window`` a chunk's later pass as ``longlive generate`` runs it (``attention_fp8_io.FP8Window``):
+  the window in E4M3 from the first pass, the chunk's own K and V placed into it, Q quantized, the kernel.
 
 FLOPs: 4 H M N D (Q K^T and P V). The error is ||out - ref|| / ||ref|| over two heads, ref = float32
 attention over the inputs the kernel reads (the dequantized cache for the NVFP4 and FP8 rows).
@@ -85,6 +87,7 @@ def main() -> None:
 
     from longlive_core.infer import attention_cudnn_fp8
     from longlive_core.infer.attention_8bit import attention_8bit
+    from longlive_core.infer.attention_fp8_io import HEADROOM, FP8Window
     from longlive_core.infer.kv_attention import nvfp4_cache_attention, smoothed, window
     from longlive_core.infer.kv_cache import PlainWindow
     from longlive_core.infer.kv_quant import FP8Chunk, QuantizedChunk
@@ -144,6 +147,10 @@ def main() -> None:
             torch_quantized_inputs(q, full_k, full_v)), full_k, full_v)
         prepared = attention_cudnn_fp8.quantized_inputs(q, full_k, full_v)
         rows["cudnn fp8 kernel"] = (lambda: attention_cudnn_fp8.attention_fp8_quantized(prepared), full_k, full_v)
+        # a chunk's later pass as generate runs it: the window kept from its first pass, the own rows placed
+        kept = FP8Window.of(full_k, full_v, own=m, headroom=HEADROOM)
+        rows["cudnn fp8, kept window"] = (lambda: (kept.place(k, v), attention_cudnn_fp8.attention_fp8_window(
+            q, kept))[1], full_k, full_v)
     flops = 4 * HEADS * m * n * DIM
     where = "cpu (interpreter)" if args.tiny else torch.cuda.get_device_name()
     print(f"# q {m} tokens, window {n} keys, {HEADS} x {DIM} heads, {where}, torch {torch.__version__}", flush=True)
