@@ -13,7 +13,6 @@ import functools
 from collections.abc import Callable
 
 import torch
-import torch._dynamo
 import torch.nn.functional as F
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -60,6 +59,7 @@ def block_mask_for(mask_mod: MaskMod, q_len: int, kv_len: int, device: torch.dev
     # once (about 100 GiB of int64 temporaries at 110K tokens); the compiled one goes block by block.
     # Every new mask_mod (another layout) recompiles it: past dynamo's default limit of 8 it would fall
     # back to the eager construction without a word, so the limit is raised for this call
+    import torch._dynamo  # here, not at the top: dynamo's import costs ~2 s in every process that attends without it
     with torch._dynamo.config.patch(recompile_limit=1024):
         return create_block_mask(mask_mod, None, None, q_len, kv_len, device=device, _compile=True)
 
@@ -69,6 +69,7 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_mod: Mas
     # chunk-by-chunk generation calls it with many (query, key) lengths, with and without a mask and a
     # gradient: past dynamo's default of 8 recompilations it would run flex eagerly, which materialises
     # every score (hundreds of GiB at 56K tokens)
+    import torch._dynamo
     with torch._dynamo.config.patch(recompile_limit=1024):
         return _compiled_flex()(q, k, v, block_mask=block_mask)
 
