@@ -8,14 +8,32 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+# Under pytest-xdist (scripts/test.sh) the workers share the cores: each worker's torch, and every
+# process a test starts, gets its share of them. Two processes of torch's default two threads on two
+# cores spin against each other (a small model's step ran 20x slower beside another). Set before torch loads.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
-from longlive_core.data.demo import DemoDataConfig, make_demo_data
+import pytest  # noqa: E402
 
-from .helpers.gloo import gloo_world  # noqa: F401  (a fixture)
+from longlive_core.data.demo import DemoDataConfig, make_demo_data  # noqa: E402
+
+from .helpers.gloo import gloo_world  # noqa: E402, F401  (a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+DEMO_GROUP = "tests/test_pipeline_e2e.py"  # one `dvc repro` of the demo shared by its tests: started first
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup`` a group runs on one worker: a module's tests together (its module
+    fixtures are made once), the tests of the one local Slurm cluster together (its fixed ports), and the
+    demo's end-to-end tests, the longest group, first, so that the other workers share the rest beside it."""
+    for item in items:
+        group = "slurm" if "slurm" in item.fixturenames else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] != DEMO_GROUP)  # stable: the order within stays
 
 
 def cli_env(**extra: str) -> dict[str, str]:
