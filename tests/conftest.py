@@ -22,18 +22,21 @@ from .helpers.gloo import gloo_world  # noqa: E402, F401  (a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-DEMO_GROUP = "tests/test_pipeline_e2e.py"  # one `dvc repro` of the demo shared by its tests: started first
+DEMO_FILE = "tests/test_pipeline_e2e.py"  # one `dvc repro` of the demo shared by its tests
+SLURM_FILE = "tests/test_slurm_job.py"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup`` a group runs on one worker: a module's tests together (its module
-    fixtures are made once), the tests of the one local Slurm cluster together (its fixed ports), and the
-    demo's end-to-end tests, the longest group, first, so that the other workers share the rest beside it."""
-    for item in items:
-        group = "slurm" if "slurm" in item.fixturenames else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.nodeid.split("::", 1)[0] != DEMO_GROUP)  # stable: the order within stays
+    """scripts/test.sh runs a file's tests on one pytest-xdist worker (``--dist loadfile``), the files in
+    this order: its module fixtures are made once, the one local Slurm cluster (fixed ports) is used by one
+    file, and the demo's end-to-end file, the longest, starts first so that the others share the rest."""
+    def file(item) -> str:
+        return item.nodeid.split("::", 1)[0]
+    elsewhere = [item.nodeid for item in items if "slurm" in item.fixturenames and file(item) != SLURM_FILE]
+    if elsewhere:
+        raise pytest.UsageError(f"{elsewhere} use the local Slurm cluster: move them to {SLURM_FILE}, where "
+                                "every test of it runs on one worker")
+    items.sort(key=lambda item: file(item) != DEMO_FILE)  # stable: every other order stays
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -46,37 +46,6 @@ def test_flow_runs_one_task_per_stage_and_records_the_pipeline(repo_copy):
     assert (repo_copy / "dvc.lock").is_file()
 
 
-def _mlflow_run(repo, run_id):
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}").get_run(run_id)
-
-
-def test_flow_runs_a_stage_as_a_slurm_job_nested_under_the_pipeline_run(repo_copy, slurm):
-    import asyncio
-
-    with prefect_test_harness(server_startup_timeout=120):
-        state = longlive_pipeline(repo_root=str(repo_copy), targets=["demo_data"], executor="slurm",
-                                  return_state=True)
-        assert state.is_completed(), state
-
-        async def artifacts():
-            async with get_client() as client:
-                return await client.read_artifacts()
-
-        found = {a.key: a.data for a in asyncio.run(artifacts())}
-    assert "Slurm job" in found["stage-demo-data"] and "| videos |" in found["stage-demo-data"]
-    assert (repo_copy / "data/demo/truth.json").is_file() and (repo_copy / "dvc.lock").is_file()
-    log = next((repo_copy / "logs/slurm").glob("demo_data-*.log")).read_text()
-    assert "as Slurm job" in log and "demo_data" in log
-    report = json.loads((repo_copy / "reports/demo_data/run.json").read_text())
-    stage_run = _mlflow_run(repo_copy, report["mlflow_run_id"])
-    assert stage_run.data.tags["slurm.job_id"].isdigit()
-    parent = _mlflow_run(repo_copy, stage_run.data.tags["mlflow.parentRunId"])
-    assert parent.info.run_name == "pipeline" and parent.info.status == "FINISHED"
-    assert parent.data.tags["stage.demo_data.run_id"] == stage_run.info.run_id
-
-
 def test_a_command_line_run_waits_for_prefects_temporary_server_and_keeps_a_longer_wait():
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as wait
     from prefect.settings import temporary_settings

@@ -1,7 +1,9 @@
 """Stages as Slurm jobs: crafted Slurm answers for the mapping, and a real single-node Slurm cluster
-(infra/slurm/local_cluster.sh) for submission, completion, failure, cancellation and time limits."""
+(infra/slurm/local_cluster.sh) for submission, completion, failure, cancellation, time limits and the
+Prefect flow's stage run. Every test of that one cluster lives here (tests/conftest.py says why)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -362,3 +364,40 @@ def test_a_container_image_runs_the_stage_through_pyxis_and_is_refused_for_multi
     assert "python -m dvc repro --single-item assemble" in script and sys.executable not in script
     with pytest.raises(ConfigError, match="a 8-node stage starts its ranks with srun"):
         cfg.placement("train_ar", {"train_ar": {"nnodes": 8}})
+
+
+def _mlflow_run(repo, run_id):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{repo / 'mlflow.db'}").get_run(run_id)
+
+
+@pytest.mark.slow
+def test_flow_runs_a_stage_as_a_slurm_job_nested_under_the_pipeline_run(repo_copy, slurm):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.pipeline import longlive_pipeline
+
+    with prefect_test_harness(server_startup_timeout=120):
+        state = longlive_pipeline(repo_root=str(repo_copy), targets=["demo_data"], executor="slurm",
+                                  return_state=True)
+        assert state.is_completed(), state
+
+        async def artifacts():
+            async with get_client() as client:
+                return await client.read_artifacts()
+
+        found = {a.key: a.data for a in asyncio.run(artifacts())}
+    assert "Slurm job" in found["stage-demo-data"] and "| videos |" in found["stage-demo-data"]
+    assert (repo_copy / "data/demo/truth.json").is_file() and (repo_copy / "dvc.lock").is_file()
+    log = next((repo_copy / "logs/slurm").glob("demo_data-*.log")).read_text()
+    assert "as Slurm job" in log and "demo_data" in log
+    report = json.loads((repo_copy / "reports/demo_data/run.json").read_text())
+    stage_run = _mlflow_run(repo_copy, report["mlflow_run_id"])
+    assert stage_run.data.tags["slurm.job_id"].isdigit()
+    parent = _mlflow_run(repo_copy, stage_run.data.tags["mlflow.parentRunId"])
+    assert parent.info.run_name == "pipeline" and parent.info.status == "FINISHED"
+    assert parent.data.tags["stage.demo_data.run_id"] == stage_run.info.run_id
