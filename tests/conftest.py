@@ -12,7 +12,8 @@ from pathlib import Path
 # process a test starts, gets its share of them. Two processes of torch's default two threads on two
 # cores spin against each other (a small model's step ran 20x slower beside another). Set before torch loads.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
+CORES = max(1, len(os.sched_getaffinity(0)) // _WORKERS)  # this worker's share: for tests' process pools too
+os.environ.setdefault("OMP_NUM_THREADS", str(CORES))
 
 import pytest  # noqa: E402
 
@@ -29,14 +30,16 @@ SLURM_FILE = "tests/test_slurm_job.py"
 def pytest_collection_modifyitems(config, items):
     """scripts/test.sh runs a file's tests on one pytest-xdist worker (``--dist loadfile``), the files in
     this order: its module fixtures are made once, the one local Slurm cluster (fixed ports) is used by one
-    file, and the demo's end-to-end file, the longest, starts first so that the others share the rest."""
+    file, and the demo's end-to-end file, the longest, starts first so that the others share the rest
+    beside it; then the files with slow tests, and the quick ones last, to even out the workers' ends."""
     def file(item) -> str:
         return item.nodeid.split("::", 1)[0]
     elsewhere = [item.nodeid for item in items if "slurm" in item.fixturenames and file(item) != SLURM_FILE]
     if elsewhere:
         raise pytest.UsageError(f"{elsewhere} use the local Slurm cluster: move them to {SLURM_FILE}, where "
                                 "every test of it runs on one worker")
-    items.sort(key=lambda item: file(item) != DEMO_FILE)  # stable: every other order stays
+    slow = {file(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (file(item) != DEMO_FILE, file(item) not in slow))  # stable within
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -95,6 +95,7 @@ def tiny_block_profile(costs=None, shape: str = "window") -> tuple[BudgetCheckpo
     return budget, kind, profile_block(budget.probes[kind], args, costs=costs), (block, context_fn), args
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True])
 def test_more_memory_never_gives_a_slower_plan(compiled):
     profiles = [tiny_block_profile()[2]]

@@ -154,6 +154,7 @@ def test_a_shot_that_fails_is_reported_and_skipped_and_the_stage_goes_on(clips, 
     assert again.counts["failed"] == 3 and again.counts["captioned"] == 0 and again.captions.equals(out.captions)
 
 
+@pytest.mark.slow
 def test_the_tiny_model_captions_through_from_pretrained_and_output_at_the_bound_is_cut_and_flagged(clips, tmp_path):
     shots, clips_dir = clips
     bc = shots[shots["path"] != "a.mp4"].reset_index(drop=True)

@@ -22,6 +22,7 @@ def repo(tmp_path_factory):
     return copy_repo(tmp_path_factory.mktemp("scripts") / "repo")
 
 
+@pytest.mark.slow
 def test_the_flows_dry_runs_print_what_would_run(repo, tmp_path):
     """longlive-retrain once died at start (its signal set-up called itself): both flows' commands,
     dry, on a fresh checkout where every stage is to run."""

@@ -17,6 +17,8 @@ from longlive_core.quant.selfcheck import check_cached_launch, check_emulated_li
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+@pytest.mark.slow
 def test_triton_matches_torch_in_the_interpreter():
     from longlive_core.quant.triton_kernels import KERNELS
 
@@ -25,8 +27,9 @@ def test_triton_matches_torch_in_the_interpreter():
         return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"},
                               capture_output=True, text=True, timeout=900)
 
-    # a process per kernel, one per core: the interpreter is slow and single-threaded
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+    # a process per kernel, one per core: the interpreter is slow and single-threaded (OMP_NUM_THREADS: the
+    # cores tests/conftest.py leaves a pytest-xdist worker; the GPU image runs this file without it)
+    with concurrent.futures.ThreadPoolExecutor(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 2)) as pool:
         for kernel, proc in zip(KERNELS, pool.map(check, KERNELS)):
             assert proc.returncode == 0, (kernel, proc.stderr[-3000:])
 

@@ -15,7 +15,7 @@ from longlive_core.io.parts import PartTable
 from longlive_core.shots.split import STATE_COLUMNS
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
-from .conftest import REPO, cli_env, free_port, run
+from .conftest import CORES, REPO, cli_env, free_port, run
 
 
 def workdir(tmp_path, source, **ingest):
@@ -107,8 +107,8 @@ def test_bad_params_sources_and_model_paths_fail_in_one_line_before_any_run(demo
             params[section].update(values)
         (work / "params.yaml").write_text(yaml.safe_dump(params))
         works.append(work)
-    # each run is one process that imports and exits: side by side, one per core
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+    # each run is one process that imports and exits: side by side, one per core of this worker's share
+    with concurrent.futures.ThreadPoolExecutor(CORES) as pool:
         procs = list(pool.map(lambda sw: run([sys.executable, "-m", f"tasks.{sw[0]}"], sw[1], check=False),
                               [(stage, work) for (stage, _, _), work in zip(BAD_CONFIGS, works)]))
     for (stage, changes, message), work, proc in zip(BAD_CONFIGS, works, procs):

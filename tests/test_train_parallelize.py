@@ -176,6 +176,7 @@ def test_the_budget_policy_wraps_every_block_with_its_kinds_plan():
                         torch.device("cpu"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, mode", [("bf16", "full"), ("bf16", "selective"), ("bf16", "budget"),
                                           ("nvfp4", "full"), ("nvfp4", "budget"), ("bf16", "compiler")])
 def test_a_checkpointed_block_compiles_as_one_graph(recipe, mode, device="cpu"):
@@ -227,6 +228,7 @@ def saved_by_compiled_block(block: torch.nn.Module, args: tuple) -> list[str]:
     return made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["bf16", "nvfp4"])
 def test_full_under_compile_keeps_nothing_the_block_makes(recipe):
     """Compiled, a ``full`` block's backward reads only its inputs and parameters, NVFP4's quantized
