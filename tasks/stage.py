@@ -135,7 +135,9 @@ def run_ranks(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable
               one_line: Callable[[dict[str, Any]], str], world: Callable[[C], Any]) -> None:
     """A stage whose body runs on ``nnodes`` x ``nproc`` ranks (``world(prepared)`` gives those and
     ``device``): validates once, re-executes itself under torchrun, and in each rank joins the process
-    group (gloo on the CPU, NCCL on GPUs); rank 0 holds the MLflow run and the report."""
+    group (gloo on the CPU, NCCL on GPUs); rank 0 holds the MLflow run and the report. One rank of one
+    node is this process itself, its group of one made in memory: torchrun's launcher and a second
+    interpreter importing the stage again would add several seconds to every run and nothing else."""
     import datetime
     import os
 
@@ -143,21 +145,28 @@ def run_ranks(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable
     from longlive_core.distributed.launch import launch_command, under_torchrun
 
     setup_logging()
+    alone = False
     if not under_torchrun():
         try:
             cfg = world(prepare(load_params()))
-            cmd = launch_command(f"tasks.{stage}", cfg.nnodes, cfg.nproc)
+            alone = cfg.nnodes == 1 and cfg.nproc == 1
+            cmd = None if alone else launch_command(f"tasks.{stage}", cfg.nnodes, cfg.nproc)
         except (ConfigError, SourceError, CheckpointError) as exc:
             print(f"{stage}: {exc}", file=sys.stderr)
             sys.exit(2)
-        os.execvp(cmd[0], cmd)
+        if cmd is not None:
+            os.execvp(cmd[0], cmd)
     import torch
     import torch.distributed as dist
 
     device = pick_device(world(prepare(load_params())).device, f"{stage}.device")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=1))
+    backend, timeout = "nccl" if device.type == "cuda" else "gloo", datetime.timedelta(hours=1)
+    if alone:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
     try:
         if dist.get_rank() == 0:
             code = run_stage(stage, prepare, body, one_line)

@@ -9,17 +9,17 @@ import sys
 from pathlib import Path
 
 # Under pytest-xdist (scripts/test.sh) the workers share the cores: each worker's torch, and every
-# process a test starts, gets its share of them. Two processes of torch's default two threads on two
-# cores spin against each other (a small model's step ran 20x slower beside another). Set before torch loads.
+# process a test starts, gets its share of them (test_quant_triton's pool reads it too). Two processes of
+# torch's default two threads on two cores spin against each other (a small model's step ran 20x slower
+# beside another). Set before torch loads; a user's own OMP_NUM_THREADS stands.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-CORES = max(1, len(os.sched_getaffinity(0)) // _WORKERS)  # this worker's share: for tests' process pools too
-os.environ.setdefault("OMP_NUM_THREADS", str(CORES))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
 import pytest  # noqa: E402
 
 from longlive_core.data.demo import DemoDataConfig, make_demo_data  # noqa: E402
 
-from .helpers.gloo import gloo_world  # noqa: E402, F401  (a fixture)
+from .helpers.gloo import gloo_world  # noqa: E402, F401  (a fixture; tests.helpers: freeze_at_exit)
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent

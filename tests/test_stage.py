@@ -1,11 +1,12 @@
 """The stage modules as DVC runs them: `python -m tasks.<stage>` in a directory with params.yaml."""
-import concurrent.futures
+import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,7 +16,7 @@ from longlive_core.io.parts import PartTable
 from longlive_core.shots.split import STATE_COLUMNS
 from longlive_core.video.synth import ShotSpec, VideoSpec, write_video
 
-from .conftest import CORES, REPO, cli_env, free_port, run
+from .conftest import REPO, cli_env, free_port, run
 
 
 def workdir(tmp_path, source, **ingest):
@@ -96,26 +97,48 @@ BAD_CONFIGS = [  # (stage, params changes, what the one line says)
 ]
 
 
+def bad_workdir(tmp_path, raw, changes) -> Path:
+    work = workdir(tmp_path, raw)
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    for section, values in changes.items():
+        params[section].update(values)
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    return work
+
+
+def assert_failed_before_any_run(work, code, stderr, stage, changes, message):
+    assert code == 2, (stage, changes, stderr)
+    assert stderr.count(message) == 1 and "Traceback" not in stderr, (message, stderr)
+    assert not (work / "mlflow.db").exists()  # no MLflow run was opened for a config that cannot run
+    assert not (work / "data").exists() and not (work / "reports").exists()
+
+
 @pytest.mark.slow
-def test_bad_params_sources_and_model_paths_fail_in_one_line_before_any_run(demo_copy, tmp_path):
+def test_bad_params_sources_and_model_paths_fail_in_one_line_before_any_run(demo_copy, tmp_path, monkeypatch, capsys):
+    """Each stage's ``main`` as ``python -m tasks.<stage>`` runs it, in this process: 23 interpreters,
+    each importing torch and the stage's libraries to exit at once, took 150 s of the suite. The first
+    case runs as DVC runs it too (its exit status and stderr from a process of its own)."""
     raw, _ = demo_copy
-    works = []
-    for i, (_, changes, _) in enumerate(BAD_CONFIGS):
-        work = workdir(tmp_path / str(i), raw)
-        params = yaml.safe_load((work / "params.yaml").read_text())
-        for section, values in changes.items():
-            params[section].update(values)
-        (work / "params.yaml").write_text(yaml.safe_dump(params))
-        works.append(work)
-    # each run is one process that imports and exits: side by side, one per core of this worker's share
-    with concurrent.futures.ThreadPoolExecutor(CORES) as pool:
-        procs = list(pool.map(lambda sw: run([sys.executable, "-m", f"tasks.{sw[0]}"], sw[1], check=False),
-                              [(stage, work) for (stage, _, _), work in zip(BAD_CONFIGS, works)]))
-    for (stage, changes, message), work, proc in zip(BAD_CONFIGS, works, procs):
-        assert proc.returncode == 2, (stage, changes, proc.stderr)
-        assert proc.stderr.count(message) == 1 and "Traceback" not in proc.stderr, (message, proc.stderr)
-        assert not (work / "mlflow.db").exists()  # no MLflow run was opened for a config that cannot run
-        assert not (work / "data").exists() and not (work / "reports").exists()
+    stage, changes, message = BAD_CONFIGS[0]
+    work = bad_workdir(tmp_path / "own-process", raw, changes)
+    proc = run([sys.executable, "-m", f"tasks.{stage}"], work, check=False)
+    assert_failed_before_any_run(work, proc.returncode, proc.stderr, stage, changes, message)
+
+    def opened(*args, **kwargs):
+        raise AssertionError("an MLflow run was opened for params that cannot run")
+
+    def launched(*args):
+        raise AssertionError(f"ranks were launched ({args}) for params that cannot run")
+
+    monkeypatch.setattr("tasks.stage.StageRun", opened)  # where every stage opens its run
+    monkeypatch.setattr(os, "execvp", launched)  # a stage of several ranks starts torchrun so
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # as cli_env leaves a stage's process
+    for i, (stage, changes, message) in enumerate(BAD_CONFIGS):
+        work = bad_workdir(tmp_path / str(i), raw, changes)
+        monkeypatch.chdir(work)
+        with pytest.raises(SystemExit) as exited:
+            importlib.import_module(f"tasks.{stage}").main()
+        assert_failed_before_any_run(work, exited.value.code, capsys.readouterr().err, stage, changes, message)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@
 #   bash bench/tools/generate_round.sh make fp8_sync         # ~7 min: BF16 against FP8 linears (+ FP8 attention), decode sync
 #   bash bench/tools/generate_round.sh make prompt_embedding   # ~1 min: umT5 loaded per prompt file or kept on the host
 #   bash bench/tools/generate_round.sh make parity           # ~6 min: the NVFP4 KV cache against BF16's, twice each
+#   bash bench/tools/generate_round.sh make parity_sync      # ~7 min: the same with decode sync (the DiT's loop alone)
 #   bash bench/tools/generate_round.sh make fp8_attention    # ~6 min: cuDNN FP8 attention in generate, BF16 and FP8 linears
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
 #   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption   # gpu_tests ~2 min
@@ -56,6 +57,9 @@ for part in "$@"; do case $part in
     parity) run parity python3 bench/generate_product.py run $root --model dit --precision bf16 \
                 --rows bf16:4,nvfp4:4,bf16:4,nvfp4:4 --json "$out/product.jsonl" ;;  # the NVFP4 cache against BF16's,
                 # each twice in one process (one pair spread 2%; after make)
+    parity_sync) run parity_sync python3 bench/generate_product.py run $root --model dit --precision bf16 \
+                     --rows bf16:4,nvfp4:4,bf16:4,nvfp4:4 --decode sync --json "$out/product.jsonl" ;;  # the same pairs,
+                     # the DiT's loop alone (no decoder kernels beside it on the GPU)
     fp8_sync) run fp8_sync_bf16 python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4 \
                   --decode sync --json "$out/product.jsonl"  # the DiT's loop alone on its GPU: the 1.3x goal's loop
               run fp8_sync_fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 --rows bf16:4,bf16:4:fp8 \
