@@ -25,7 +25,7 @@ class _CurrentStderr(logging.StreamHandler):
         pass
 
 
-_FREEZE_AT_EXIT: list[bool] = []
+_freeze_registered = False
 
 
 def freeze_at_exit() -> None:
@@ -34,9 +34,10 @@ def freeze_at_exit() -> None:
     pandas) at the end of every run, and the memory goes back to the system anyway. Exit handlers
     and weakref finalizers still run, and what reference counts free is still finalized. Once a
     process (``setup_logging`` calls it: every stage and command sets up its logging first)."""
-    if not _FREEZE_AT_EXIT:
+    global _freeze_registered
+    if not _freeze_registered:
         atexit.register(gc.freeze)
-        _FREEZE_AT_EXIT.append(True)
+        _freeze_registered = True
 
 
 def setup_logging(level: int = logging.INFO) -> None:

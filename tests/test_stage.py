@@ -223,3 +223,13 @@ def test_a_refused_publish_ends_in_one_line_not_a_traceback(tmp_path, monkeypatc
     assert run_stage("package", lambda params: None, body, str) == 2
     err = capsys.readouterr().err
     assert "package: s3://b/p/v1/README.md already holds other bytes" in err and "Traceback" not in err
+
+
+def test_a_stage_process_freezes_its_heap_at_exit_after_every_other_handler():
+    """setup_logging (every stage's first step) registers gc.freeze at exit once; a handler registered before
+    it runs after it (atexit is last in, first out) and sees the heap frozen, so finalization skips it."""
+    code = ("import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0)); "
+            "from longlive_core.progress import setup_logging; setup_logging(); n = atexit._ncallbacks(); "
+            "setup_logging(); print('again', atexit._ncallbacks() - n)")
+    proc = run([sys.executable, "-c", code], REPO)
+    assert proc.stdout.split() == ["again", "0", "frozen", "True"], proc.stdout
