@@ -230,3 +230,26 @@ def test_a_device_constant_is_made_once_and_serves_autograd_whatever_mode_asked_
     (x * first).sum().backward()  # autograd saves it for the backward
     assert x.grad.tolist() == list(values)
     assert device_constant(values, "cpu", torch.float64).dtype == torch.float64
+
+
+def test_a_device_constant_first_asked_for_under_compile_in_a_checkpointed_region_is_not_cached():
+    """Dynamo refuses a tensor made inside a checkpointed region that a side effect (the cache) keeps:
+    a compiled NVFP4 block whose first quantize ran under the trace failed to compile (on the CPU, where
+    the torch quantizer reads the E2M1 table), and passed only after an eager step had filled the cache."""
+    import torch.utils.checkpoint as checkpoint
+
+    from longlive_core.quant import constants
+
+    values = (0.5, 1.75, -3.0)  # a table no other test asks for
+
+    def scaled(x):
+        return x * constants.device_constant(values, x.device).sum()
+
+    x = torch.randn(4, requires_grad=True)
+    step = torch.compile(lambda x: checkpoint.checkpoint(scaled, x, use_reentrant=False), backend="eager",
+                         fullgraph=True)
+    step(x).sum().backward()
+    assert x.grad.tolist() == [-0.75] * 4
+    assert not any(key[0] == values for key in constants._CONSTANTS)  # the trace's own constant, not kept
+    assert constants.device_constant(values, x.device).tolist() == list(values)  # eager: made and kept
+    assert any(key[0] == values for key in constants._CONSTANTS)

@@ -21,6 +21,8 @@ def device_constant(values: tuple[float, ...], device: torch.device, dtype: torc
     if table is None:
         with torch.inference_mode(False):
             table = torch.tensor(values, dtype=dtype, device=device)
-        if type(table) is torch.Tensor:  # a fake tensor must not outlive its trace
+        # a table first asked for while Dynamo traces stays the graph's own constant: cached, a traced
+        # tensor would leak out of its trace (inside a checkpointed region Dynamo refuses the side effect)
+        if type(table) is torch.Tensor and not torch.compiler.is_compiling():  # nor may a fake tensor outlive it
             _CONSTANTS[key] = table
     return table
