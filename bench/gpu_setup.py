@@ -3,11 +3,10 @@ profile's kernels printed by device time."""
 from __future__ import annotations
 
 import datetime
-import socket
 
 import torch
-import torch.distributed as dist
 
+from longlive_core.distributed.launch import join_process_group
 from longlive_core.models.config import DiTConfig
 from longlive_core.models.wan_dit import WanDiT
 
@@ -25,13 +24,9 @@ def random_dit_on_gpu(cfg: DiTConfig) -> WanDiT:
 
 
 def one_rank_group() -> None:
-    """GPU 0 as a world of one (NCCL), for the code that runs under FSDP2."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(minutes=30))
+    """GPU 0 as a world of one (NCCL), for the code that runs under FSDP2: the group a one-rank stage
+    makes in its own process."""
+    join_process_group(torch.device("cuda", 0), alone=True, timeout=datetime.timedelta(minutes=30))
 
 
 def print_kernels(prof, top: int = 12, shares: dict[str, tuple[str, ...]] | None = None) -> None:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from longlive_core.config import ConfigError, load_params, stage_config
 from longlive_core.devices import pick_device
-from longlive_core.distributed.launch import torchrun_command, under_torchrun
+from longlive_core.distributed.launch import join_process_group, torchrun_command, under_torchrun
 from longlive_core.latents.encode import Comm, EncodeLatentsConfig, encode_samples
 from longlive_core.parallel import DaskConfig, make_executor
 from longlive_core.progress import setup_logging
@@ -76,14 +76,11 @@ def main() -> None:
         os.execvp(cmd[0], cmd)
     comm = Comm()
     if under_torchrun():
-        import torch
         import torch.distributed as dist
 
-        device = pick_device(cfg.device, "encode_latents.device")
-        if device.type == "cuda":  # NCCL between GPUs: each rank's chunk latents go GPU to GPU
-            torch.cuda.set_device(device)
+        device = pick_device(cfg.device, "encode_latents.device")  # on GPUs each rank's chunk latents go GPU to GPU
         # rank 0 loads the text encoder alone before the first collective: wait longer than NCCL's 10 min
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=1))
+        join_process_group(device, timeout=datetime.timedelta(hours=1))
         comm = Comm(dist.get_rank(), dist.get_world_size(), device)
         if comm.world != cfg.sp:
             raise ConfigError(f"encode_latents.sp is {cfg.sp} but torchrun started {comm.world} ranks")

@@ -142,11 +142,11 @@ def run_ranks(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable
     import os
 
     from longlive_core.devices import pick_device
-    from longlive_core.distributed.launch import launch_command, under_torchrun
+    from longlive_core.distributed.launch import join_process_group, launch_command, under_torchrun
 
     setup_logging()
-    alone = False
-    if not under_torchrun():
+    launched = under_torchrun()
+    if not launched:
         try:
             cfg = world(prepare(load_params()))
             alone = cfg.nnodes == 1 and cfg.nproc == 1
@@ -156,17 +156,10 @@ def run_ranks(stage: str, prepare: Callable[[dict[str, Any]], C], body: Callable
             sys.exit(2)
         if cmd is not None:
             os.execvp(cmd[0], cmd)
-    import torch
     import torch.distributed as dist
 
     device = pick_device(world(prepare(load_params())).device, f"{stage}.device")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    backend, timeout = "nccl" if device.type == "cuda" else "gloo", datetime.timedelta(hours=1)
-    if alone:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    else:
-        dist.init_process_group(backend, timeout=timeout)
+    join_process_group(device, alone=not launched, timeout=datetime.timedelta(hours=1))
     try:
         if dist.get_rank() == 0:
             code = run_stage(stage, prepare, body, one_line)

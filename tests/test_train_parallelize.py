@@ -251,3 +251,50 @@ def test_full_under_compile_keeps_nothing_the_block_makes(recipe):
 def test_a_checkpointed_block_compiles_as_one_graph_on_the_gpu(recipe, mode):
     """The same on CUDA, where the NVFP4 path launches Triton quantize kernels and calls cuBLASLt."""
     test_a_checkpointed_block_compiles_as_one_graph(recipe, mode, "cuda")
+
+
+GROUP_OF_ONE = """
+import torch, torch.distributed as dist
+from longlive_core.distributed.config import ParallelConfig
+from longlive_core.distributed.launch import join_process_group
+from longlive_core.distributed.parallelize import apply_fsdp, parallel_dims
+from longlive_core.models.config import DIT_CONFIGS
+from longlive_core.models.wan_dit import WanDiT
+from longlive_core.train.layout import TeacherForcingLayout
+
+join_process_group(torch.device("cuda", 0), alone=True)
+dims = parallel_dims(ParallelConfig(device="cuda"), "cuda", "train_ar")
+torch.manual_seed(0)
+plain = WanDiT(DIT_CONFIGS["tiny"]).cuda()
+sharded = WanDiT(DIT_CONFIGS["tiny"]).cuda()
+sharded.load_state_dict(plain.state_dict())
+apply_fsdp(sharded, dims.fsdp_mesh, torch.float32)
+layout = TeacherForcingLayout(4, 2, 4, 6)
+g = torch.Generator(device="cuda").manual_seed(1)
+x = torch.randn(1, 48, 8, 4, 4, generator=g, device="cuda")
+text = torch.randn(1, 6, 32, generator=g, device="cuda")
+for model in (plain, sharded):
+    out = model(x, layout.timesteps(torch.tensor([[800.0, 100.0]], device="cuda")), text,
+                frame_positions=layout.frame_positions(torch.arange(4, device="cuda")), mask_mod=layout.self_mask())
+    out.square().mean().backward()
+total = torch.ones(1, device="cuda")
+dist.all_reduce(total)
+assert dist.get_world_size() == 1 and total.item() == 1.0
+for a, b in zip(plain.parameters(), sharded.parameters(), strict=True):
+    torch.testing.assert_close(b.grad.full_tensor(), a.grad)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run through the device tool)")
+def test_a_one_rank_group_made_in_memory_trains_under_fsdp_on_cuda():
+    """A one-rank stage's own group (NCCL over an in-memory store, no torchrun launcher): FSDP2 shards,
+    gathers and reduces in it, and a step's gradients are the unsharded model's (float32). In its own
+    process: this one may hold a gloo group already."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", GROUP_OF_ONE], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -6,6 +6,7 @@ One node: ``--standalone`` (a local rendezvous). Several nodes: a c10d rendezvou
 """
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 
@@ -48,3 +49,20 @@ def launch_command(module: str, nnodes: int, nproc: int) -> list[str]:
 
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def join_process_group(device, *, alone: bool = False, timeout: datetime.timedelta | None = None) -> None:
+    """This rank's process group: NCCL between GPUs (``device`` made the current GPU first), gloo on the
+    CPU. ``alone``: a world of one made in memory, no rendezvous: a one-rank stage runs in its own
+    process, not under torchrun (its launcher and a second interpreter importing the stage again would
+    cost seconds and give nothing)."""
+    import torch
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if alone:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)

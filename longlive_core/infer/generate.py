@@ -36,7 +36,7 @@ import torch
 
 from longlive_core.config import ConfigError, from_mapping, load_params
 from longlive_core.devices import pick_device
-from longlive_core.distributed.launch import torchrun_command, under_torchrun
+from longlive_core.distributed.launch import join_process_group, torchrun_command, under_torchrun
 from longlive_core.distributed.ulysses import WHOLE, SequenceShard
 from longlive_core.infer import attention_cudnn_fp8
 from longlive_core.infer.decode import FrameStream, ShotDecoder
@@ -449,10 +449,7 @@ def sequence_parallel(size: int, device_name: str):
     world = int(os.environ["WORLD_SIZE"])
     if world != size:
         raise ConfigError(f"--sp {size} but torchrun started {world} ranks")
-    device = pick_device(device_name, "generate.device")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    join_process_group(pick_device(device_name, "generate.device"))
     try:
         yield SequenceShard(dist.get_rank(), world, dist.group.WORLD)
     finally:

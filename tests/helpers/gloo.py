@@ -4,18 +4,16 @@ go through torchrun). conftest.py imports it; on a GPU machine without the curat
 alone: ``pytest --noconftest -p tests.helpers.gloo tests/test_checkpointing.py``."""
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 
 @pytest.fixture(scope="session")
 def gloo_world():
+    import torch
     import torch.distributed as dist
 
+    from longlive_core.distributed.launch import join_process_group
+
     if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        join_process_group(torch.device("cpu"), alone=True)  # as a one-rank stage makes its group
     yield

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from longlive_core.distributed.launch import join_process_group
 from longlive_core.latents.encode import Comm, encode_shot
 from longlive_core.models.vae import build_vae, encode_video, frames_to_input
 from longlive_core.video.normalize import NormalizedClip
@@ -19,8 +20,7 @@ def main() -> None:
     device = torch.device("cpu")
     if len(sys.argv) > 3 and sys.argv[3] == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    join_process_group(device)
     comm = Comm(dist.get_rank(), dist.get_world_size(), device)
     torch.manual_seed(0)
     vae = build_vae("tiny").to(device)
