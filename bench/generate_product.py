@@ -219,6 +219,18 @@ ROW_KEYS = ("model", "precision", "recipe", "kv", "attention", "decode", "steps"
             "load_peak_memory_gib", "wall_s")
 
 
+ALLOCATOR_KEYS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def allocator_calls() -> dict[str, int]:
+    """The CUDA caching allocator's calls to the driver so far: a video that makes any (cudaMalloc, cudaFree,
+    a retry after freeing the cache: each of the last two waits for the whole GPU) runs slower for it."""
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {key: stats.get(key, 0) for key in ALLOCATOR_KEYS}
+
+
 def row_of(side: dict, model: str, precision: str, **more) -> dict:
     gib = 2 ** 30
     row = {"model": model, "precision": precision, "recipe": side["recipe"], "kv": side["kv"],
@@ -253,9 +265,12 @@ def profile_row(generator: Generator, root: Path, steps: int, cfg: GenerateConfi
     prompts, seconds = root / "profile.txt", 4 * chunk * chunks / 24
     prompts.write_text(f"{seconds}\ta red kite over the beach\n")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    t0 = time.perf_counter()
     with profile(activities=activities) as prof:
         generator.generate(prompts, root / "profile.mp4", steps, cfg)
-    print(f"# profile: a {seconds:.2f} s video (about {chunks} chunks), kv {cfg.kv}, {steps} steps", flush=True)
+    wall = time.perf_counter() - t0  # against the kernels' device time: how long the GPU waited on the host
+    print(f"# profile: a {seconds:.2f} s video (about {chunks} chunks), kv {cfg.kv}, {steps} steps, "
+          f"decode {cfg.decode}, {wall:.2f} s under the profiler", flush=True)
     print_kernels(prof, 20, KERNEL_GROUPS)
 
 
@@ -285,9 +300,10 @@ def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]]
                 warmed.add((kv, attention))
                 generator.generate(warmup, root / "warmup.mp4", steps, settings)
                 print(f"warm-up again: kv {kv}, attention {attention}", flush=True)
+            before = allocator_calls()
             side = generator.generate(root / "prompts.txt", root / f"{model}-{precision}-{kv}-{attention}-{steps}.mp4",
                                       steps, settings)
-            results.append(row_of(side, model, precision))
+            results.append(row_of(side, model, precision, **{k: v - before[k] for k, v in allocator_calls().items()}))
             report(results[-1], out)
             if profile_chunks:
                 profile_row(generator, root, steps, settings, profile_chunks,
@@ -296,7 +312,8 @@ def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]]
 
 
 def report(row: dict, out: Path | None) -> None:
-    print(" | ".join(f"{k} {row[k]:.2f}" if isinstance(row[k], float) else f"{k} {row[k]}" for k in ROW_KEYS)
+    keys = ROW_KEYS + tuple(k for k in ALLOCATOR_KEYS if k in row)
+    print(" | ".join(f"{k} {row[k]:.2f}" if isinstance(row[k], float) else f"{k} {row[k]}" for k in keys)
           + (f" | warm-up, first frame {row['first_frame_from_process_s']:.1f}s from the process's start"
              if row.get("warmup") else ""), flush=True)
     if out is not None:
