@@ -194,10 +194,10 @@ def train(recipe: str, steps: int, seed: int = 0) -> float:
 
 @pytest.mark.slow
 def test_tiny_transformer_trains_close_to_high_precision():
-    steps = 300
+    steps = 150  # the emulated NVFP4 steps are most of the time: 300 steps reached 0.050 and 0.052, twice as long
     high, fp4 = train("bf16", steps), train("nvfp4", steps)
     start = train("bf16", 1)
-    # measured here: start 3.5 nats, high precision 0.050, nvfp4 0.052 after 300 steps
+    # measured here: start 3.7 nats, high precision 0.058, nvfp4 0.059 after 150 steps
     assert fp4 < start * 0.1, (fp4, start)  # it learned
     assert abs(fp4 - high) < 0.05, (fp4, high)  # the stated margin: within 0.05 nats of high precision
 

@@ -34,6 +34,18 @@ def test_triton_matches_torch_in_the_interpreter():
             assert proc.returncode == 0, (kernel, proc.stderr[-3000:])
 
 
+def test_the_interpreters_configurations_meet_every_pair_of_choices():
+    """The CPU interpreter checks half of the configurations the GPU checks: every tile, RHT and block-scale
+    choice once, and still every pair of choices (input dtype included) together."""
+    import itertools
+
+    from longlive_core.quant.selfcheck import CONFIGS, INTERPRETER_CONFIGS
+
+    assert len(INTERPRETER_CONFIGS) == len({c[1:] for c in INTERPRETER_CONFIGS}) == len(CONFIGS) // 2
+    for i, j in itertools.combinations(range(4), 2):
+        assert {(c[i], c[j]) for c in INTERPRETER_CONFIGS} == {(c[i], c[j]) for c in CONFIGS}, (i, j)
+
+
 TRACED = """
 import torch
 from longlive_core.quant.gemm import operand_amaxes, quantize_partial
