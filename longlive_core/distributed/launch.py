@@ -9,8 +9,12 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from longlive_core.config import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 RDZV_ENV = "LONGLIVE_RDZV_ENDPOINT"  # host:port of the rendezvous for multi-node runs
 RDZV_ID_ENV = "LONGLIVE_RDZV_ID"
@@ -51,7 +55,7 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def join_process_group(device, *, alone: bool = False, timeout: datetime.timedelta | None = None) -> None:
+def join_process_group(device: torch.device, *, alone: bool = False, timeout: datetime.timedelta | None = None) -> None:
     """This rank's process group: NCCL between GPUs (``device`` made the current GPU first), gloo on the
     CPU. ``alone``: a world of one made in memory, no rendezvous: a one-rank stage runs in its own
     process, not under torchrun (its launcher and a second interpreter importing the stage again would
