@@ -7,12 +7,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
+
+from longlive_core.distributed.launch import join_process_group
 
 
 def main_over_runs(run_one: Callable[[dict, Path], None]) -> None:
     spec_path, out = Path(sys.argv[1]), Path(sys.argv[2])
-    dist.init_process_group("gloo")
+    join_process_group(torch.device("cpu"))  # gloo: the workers run on the CPU
     try:
         for spec in json.loads(spec_path.read_text())["runs"]:
             run_one(spec, out / spec["name"])
