@@ -31,7 +31,10 @@ first frame from the video's call and from its embedded prompts, peak memory unt
 embedded and while generating. ``--profile-chunks N``: after each row, a video of about N chunks
 (the window fills from the fourth) generated again with the row's settings under torch.profiler, its
 kernels printed by device time with the shares of attention, of the KV cache's (de)quantization and
-of the VAE's convolutions: where one row's time goes that another's does not.
+of the VAE's convolutions: where one row's time goes that another's does not. ``--host-profile-chunks N``:
+the same video under cProfile (no torch profiler), the host's side: the calls the host spent longest in
+(a wait on the GPU shows as the time of a synchronizing call) and the library's functions by their
+cumulative time, e.g. the KV cache's reads and writes: whether the host keeps ahead of the GPU.
 """
 from __future__ import annotations
 
@@ -258,12 +261,18 @@ KERNEL_GROUPS = {"Triton (compiled)": ("triton",),
                  "copies": ("memcpy", "memset", "copy")}
 
 
+def profile_prompts(root: Path, chunks: int, chunk: int) -> tuple[Path, float]:
+    """A one-shot prompt file of about ``chunks`` chunks, and its seconds."""
+    prompts, seconds = root / "profile.txt", 4 * chunk * chunks / 24
+    prompts.write_text(f"{seconds}\ta red kite over the beach\n")
+    return prompts, seconds
+
+
 def profile_row(generator: Generator, root: Path, steps: int, cfg: GenerateConfig, chunks: int, chunk: int) -> None:
     """A video of about ``chunks`` chunks generated under torch.profiler: its kernels by device time."""
     from torch.profiler import ProfilerActivity, profile
 
-    prompts, seconds = root / "profile.txt", 4 * chunk * chunks / 24
-    prompts.write_text(f"{seconds}\ta red kite over the beach\n")
+    prompts, seconds = profile_prompts(root, chunks, chunk)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     t0 = time.perf_counter()
     with profile(activities=activities) as prof:
@@ -274,8 +283,39 @@ def profile_row(generator: Generator, root: Path, steps: int, cfg: GenerateConfi
     print_kernels(prof, 20, KERNEL_GROUPS)
 
 
+def host_profile_row(generator: Generator, root: Path, steps: int, cfg: GenerateConfig, chunks: int, chunk: int,
+                     top: int = 14) -> None:
+    """A video of about ``chunks`` chunks generated under cProfile: the calls the host spent longest in
+    (its own time: a synchronizing call's is the host waiting on the GPU) and the library's functions by
+    cumulative time, each with its calls and microseconds a call."""
+    import cProfile
+    import pstats
+
+    prompts, seconds = profile_prompts(root, chunks, chunk)
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.runcall(generator.generate, prompts, root / "profile.mp4", steps, cfg)
+    wall = time.perf_counter() - t0
+    entries = pstats.Stats(profiler).stats  # (file, line, name) -> (primitive calls, calls, own s, cumulative s, _)
+    print(f"# host profile: a {seconds:.2f} s video (about {chunks} chunks), kv {cfg.kv}, {steps} steps, "
+          f"decode {cfg.decode}, {wall:.2f} s under cProfile", flush=True)
+
+    def line(where: tuple, calls: int, total: float) -> str:
+        name = where[2] if where[0] == "~" else f"{Path(where[0]).name}:{where[1]}({where[2]})"
+        return f"  {total:8.3f} s {calls:7d}x {1e6 * total / max(calls, 1):9.1f} us  {name[:100]}"
+
+    print("  own time:")
+    for where, (_, calls, own, _, _) in sorted(entries.items(), key=lambda e: -e[1][2])[:top]:
+        print(line(where, calls, own))
+    print("  the library's functions, cumulative:")
+    ours = [(w, v) for w, v in entries.items() if "longlive_core" in w[0]]
+    for where, (_, calls, _, total, _) in sorted(ours, key=lambda e: -e[1][3])[:top]:
+        print(line(where, calls, total))
+
+
 def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]], device: str, tiny: bool,
-        out: Path | None, profile_chunks: int = 0, decode: str | None = None) -> list[dict]:
+        out: Path | None, profile_chunks: int = 0, decode: str | None = None,
+        host_profile_chunks: int = 0) -> list[dict]:
     # the tiny models run on the CPU, where nothing is compiled (compiling the decoder there took 70 s of a 95 s run)
     base = {"device": device, "precision": precision, **({"compile": False, "vae_compile": False} if tiny else {}),
             **({"decode": decode} if decode else {})}
@@ -308,6 +348,8 @@ def run(root: Path, model: str, precision: str, rows: list[tuple[str, int, str]]
             if profile_chunks:
                 profile_row(generator, root, steps, settings, profile_chunks,
                             (TINY if tiny else FULL).chunk)
+            if host_profile_chunks:
+                host_profile_row(generator, root, steps, settings, host_profile_chunks, (TINY if tiny else FULL).chunk)
     return results
 
 
@@ -337,6 +379,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, help="append each row as a JSON line")
     ap.add_argument("--profile-chunks", type=int, default=0,
                     help="after each row, profile a video of this many chunks (0: none)")
+    ap.add_argument("--host-profile-chunks", type=int, default=0,
+                    help="after each row, a video of this many chunks under cProfile: the host's time (0: none)")
     args = ap.parse_args(argv)
     size = TINY if args.tiny else FULL
     device = "cpu" if args.tiny else "cuda"
@@ -347,7 +391,8 @@ def main(argv: list[str] | None = None) -> None:
             for kv, steps, attention in ((r.split(":") + [""])[:3] for r in args.rows.split(","))]
     if device == "cuda":
         print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    run(args.root, args.model, args.precision, rows, device, args.tiny, args.json, args.profile_chunks, args.decode)
+    run(args.root, args.model, args.precision, rows, device, args.tiny, args.json, args.profile_chunks, args.decode,
+        args.host_profile_chunks)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ def test_the_product_bench_makes_its_folders_and_reports_each_row(tmp_path):
     assert (dit.sampling.window, dit.sampling.global_sink) == (6, 2)  # the tiny stand-in for 32 with sinks 8 + 8
     assert (tmp_path / "cache/longlive/weights_sha256.json").is_file()  # a user's later runs read no weights again
     proc = subprocess.run([*bench, "run", str(root), "--tiny", "--model", "w4a4", "--rows", "nvfp4:4,bf16:2", "--json",
-                           str(rows), "--profile-chunks", "2"], check=True, env=env, cwd=tmp_path, capture_output=True,
-                          text=True)
+                           str(rows), "--profile-chunks", "2", "--host-profile-chunks", "2"], check=True, env=env,
+                          cwd=tmp_path, capture_output=True, text=True)
     assert proc.stdout.count("# profile: ") == 2 and proc.stdout.count("  kernels: ") == 2  # one a row
+    assert proc.stdout.count("# host profile: ") == 2 and proc.stdout.count("library's functions, cumulative") == 2
     assert proc.stdout.count("warm-up again: ") == 1  # the bf16 row's cache is new to the process
     got = [json.loads(line) for line in rows.read_text().splitlines()]
     assert [(r["kv"], r["steps"], r.get("warmup", False)) for r in got] == [("nvfp4", 4, True), ("nvfp4", 4, False),

@@ -12,6 +12,7 @@
 #   bash bench/tools/generate_round.sh make prompt_embedding   # ~1 min: umT5 loaded per prompt file or kept on the host
 #   bash bench/tools/generate_round.sh make parity           # ~6 min: the NVFP4 KV cache against BF16's, twice each
 #   bash bench/tools/generate_round.sh make parity_sync      # ~7 min: the same with decode sync (the DiT's loop alone)
+#   bash bench/tools/generate_round.sh make host_sync        # ~6 min: the host's side of BF16's and NVFP4's loops (cProfile)
 #   bash bench/tools/generate_round.sh make fp8_attention    # ~6 min: cuDNN FP8 attention in generate, BF16 and FP8 linears
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
 #   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption   # gpu_tests ~2 min
@@ -66,6 +67,9 @@ for part in "$@"; do case $part in
                   --decode sync --json "$out/product.jsonl" ;;
     profile_fp8) run profile_fp8 python3 bench/generate_product.py run $root --model dit --precision fp8 --rows bf16:4:fp8 \
                      --profile-chunks 5 ;;  # FP8 linears and cuDNN's FP8 attention: where the 1.3x goal is lost (after make)
+    host_sync) run host_sync python3 bench/generate_product.py run $root --model dit --precision bf16 \
+                   --rows bf16:4,nvfp4:4 --decode sync --host-profile-chunks 16 ;;  # the host's side of each KV
+                   # format's loop (cProfile over a 16-chunk video): whether the NVFP4 reads' host time shows (after make)
     profile) run profile python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4,nvfp4:4 \
                  --profile-chunks 5 ;;  # where the NVFP4 cache's loop loses its 2% to the BF16 cache's (after make)
     prompt_embedding) run prompt_embedding python3 bench/prompt_embedding.py $root/umt5 --json "$out/prompt_embedding.jsonl" ;;
