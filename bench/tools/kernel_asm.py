@@ -62,11 +62,12 @@ def cases():
                dict(SCALE6=2688.0, BM=b["BM"], G=b["G"], RHT=rht, IS_BF16=True, AMAX_ONLY=amax_only, TILE2D=tile2d),
                b["num_warps"], b["BM"] * b["G"] * 16)
     t = tk.TILE
-    for rht in (False, True):
-        yield (f"rows codes rht={rht}", tk._quant_kernel,
+    for rht, fos in ((False, None), (True, None), (False, "mse")):  # mse: the NVFP4 KV cache's writes (4/6 scales)
+        yield (f"rows codes rht={rht}" + (f" four_over_six={fos}" if fos else ""), tk._quant_kernel,
                {"x_ptr": "*bf16", "signs_ptr": f32, "amax_ptr": f32, "codes_ptr": u8, "scales_ptr": u8,
                 "part_ptr": "*bf16", "dec_ptr": f32, "times_ptr": f32, "seed_ptr": "*i32"},
-               dict(SCALE6=2688.0, BM=t["BM"], BK=t["BK"], TILE2D=False, RHT=rht, IS_BF16=True, SR=False, FOS=0,
+               dict(SCALE6=(tk.FOUR_OVER_SIX_E4M3_MAX if fos else 448.0) * 6.0, BM=t["BM"], BK=t["BK"], TILE2D=False,
+                    RHT=rht, IS_BF16=True, SR=False, FOS=tk.FOS_CODES[fos],
                     WRITE_CODES=True, WRITE_PARTIAL=False, WRITE_DEC=False, TIMES=False, sxk=1),
                t["num_warps"], t["BM"] * t["BK"])
     s = tk.SLICE_TILE
