@@ -34,7 +34,9 @@ kernels printed by device time with the shares of attention, of the KV cache's (
 of the VAE's convolutions: where one row's time goes that another's does not. ``--host-profile-chunks N``:
 the same video under cProfile (no torch profiler), the host's side: the calls the host spent longest in
 (a wait on the GPU shows as the time of a synchronizing call) and the library's functions by their
-cumulative time, e.g. the KV cache's reads and writes: whether the host keeps ahead of the GPU.
+cumulative time, e.g. the KV cache's reads and writes: whether the host keeps ahead of the GPU (on
+Python 3.12 cProfile also sees the H.264 writer's thread, so own times may add up past the wall time;
+a function's cumulative time is the wall time its thread spent in it).
 """
 from __future__ import annotations
 
