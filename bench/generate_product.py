@@ -53,6 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_setup import print_kernels  # noqa: E402
+from bench.nvfp4_quant import load_tiles  # noqa: E402
 from longlive_core.config import from_mapping  # noqa: E402
 from longlive_core.infer.engine import GenerateConfig  # noqa: E402
 from longlive_core.infer.generate import Generator  # noqa: E402
@@ -69,6 +70,7 @@ from longlive_core.models.folder import (  # noqa: E402
 )
 from longlive_core.models.weights import weights_identity  # noqa: E402
 from longlive_core.params_overlay import overlaid_params  # noqa: E402
+from longlive_core.quant import triton_kernels  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FOUR_STEPS = (1000, 946, 854, 681, 0)
@@ -383,7 +385,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="after each row, profile a video of this many chunks (0: none)")
     ap.add_argument("--host-profile-chunks", type=int, default=0,
                     help="after each row, a video of this many chunks under cProfile: the host's time (0: none)")
+    ap.add_argument("--quant-tiles", help="the NVFP4 quantize kernels' tiles from bench/nvfp4_quant.py --best-out "
+                    "(default: the library's)")
     args = ap.parse_args(argv)
+    if args.quant_tiles:
+        load_tiles(args.quant_tiles)
+        print(f"# quantize tiles from {args.quant_tiles}: 4/6 rows {triton_kernels.FOS_TILE}", flush=True)
     size = TINY if args.tiny else FULL
     device = "cpu" if args.tiny else "cuda"
     if args.action == "make":

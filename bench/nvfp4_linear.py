@@ -14,11 +14,11 @@ its bias is cast to bfloat16 per call, as autocast does); the BF16 baseline is a
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 import torch
 import triton.testing
+from nvfp4_quant import load_tiles  # bench/, the script's own folder
 from torch import nn
 
 from longlive_core.quant import NVFP4Linear, NVFP4Recipe, triton_kernels
@@ -58,13 +58,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     if args.tile_from:
-        with open(args.tile_from) as f:
-            tiles = json.load(f)
-        triton_kernels.TILE.update(tiles["TILE"])
-        triton_kernels.SLICE_TILE.update(tiles["SLICE_TILE"])
-        for use, tile in tiles.get("BLOCK_TILES", {}).items():
-            triton_kernels.BLOCK_TILES[use].update(tile)
-        triton_kernels.AMAX_TILE.update(tiles.get("AMAX_TILE", {}))
+        load_tiles(args.tile_from)
     torch.manual_seed(0)
     tiles = f"{triton_kernels.TILE} {triton_kernels.SLICE_TILE}"
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, tiles {tiles}")

@@ -22,7 +22,7 @@ import triton.testing
 
 from longlive_core.quant import triton_kernels
 from longlive_core.quant.gemm import quantize_partial
-from longlive_core.quant.nvfp4 import quantize_torch
+from longlive_core.quant.nvfp4 import quantize_nvfp4, quantize_torch
 
 REFERENCE_COPY_TBS = 4.19  # ../shared/docs/REFERENCE.md section 7: the H200's device copy, read + write
 
@@ -115,6 +115,47 @@ def sweep(xs) -> None:
                 ("RHT partial (transposed)", lambda x: quantize_partial(x.t(), rht=True))], xs)
 
 
+# the KV cache's write at 704x1280: a chunk's K (or V), 7,040 tokens x 24 heads, quantized as rows of the head dim
+KV_WRITE_SHAPE = (7040 * 24, 128)
+FOS_CANDIDATES = ((32, 128, 4), (16, 128, 4), (32, 128, 8), (16, 128, 8), (64, 128, 8), (16, 64, 4), (16, 64, 2),
+                  (32, 64, 8))
+
+
+def fos_sweep(xs) -> None:
+    """The row kernel's Four-Over-Six tile (FOS_TILE): the KV cache's write (its amax pass included, as
+    QuantizedChunk.of calls it) at the 5B model's chunk shape, scored, and a square operand's 4/6 codes
+    (the nvfp4-4over6 recipe's), each candidate's bits checked against the torch reference first."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    kv = [torch.randn(*KV_WRITE_SHAPE, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3)]
+    amax = triton_kernels.global_amax(xs[0], False)
+    candidates = [dict(BM=bm, BK=bk, num_warps=w) for bm, bk, w in FOS_CANDIDATES]
+    for candidate in candidates:
+        triton_kernels.FOS_TILE.update(candidate)
+        for x in (kv[0], xs[0][:512]):
+            for tile in ((1, 16), (16, 16)):
+                ref, got = quantize_torch(x, tile, four_over_six="mse"), triton_kernels.quantize(x, tile,
+                                                                                                four_over_six="mse")
+                assert torch.equal(ref.codes, got.codes) and torch.equal(ref.scales.view(torch.uint8),
+                                                                           got.scales.view(torch.uint8)), candidate
+    triton_kernels.FOS_TILE.update(candidates[0])
+    tile_sweep("4/6 row", triton_kernels.FOS_TILE, candidates,
+               [("KV write (amax pass + 4/6 codes)", lambda x: quantize_nvfp4(x, four_over_six="mse"))], kv)
+    tile_sweep("4/6 row, square operand", dict(triton_kernels.FOS_TILE), candidates,
+               [("4/6 codes, amax given", lambda x: triton_kernels.quantize(x, four_over_six="mse", amax=amax))], xs)
+
+
+def load_tiles(path: str) -> None:
+    """The kernels' tiles from a --best-out file (older files lack the later tiles)."""
+    with open(path) as f:
+        tiles = json.load(f)
+    triton_kernels.TILE.update(tiles["TILE"])
+    triton_kernels.SLICE_TILE.update(tiles["SLICE_TILE"])
+    triton_kernels.FOS_TILE.update(tiles.get("FOS_TILE", {}))
+    for use, tile in tiles.get("BLOCK_TILES", {}).items():
+        triton_kernels.BLOCK_TILES[use].update(tile)
+    triton_kernels.AMAX_TILE.update(tiles.get("AMAX_TILE", {}))
+
+
 def compare_kernels(xs) -> None:
     """The three kernels side by side on the calls the linear layer makes and on the codes output."""
     amax = triton_kernels.global_amax(xs[0], False)
@@ -151,6 +192,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", type=int, default=8192)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--fos-sweep", action="store_true", help="the Four-Over-Six row tile (the KV cache's writes)")
     ap.add_argument("--best-out")
     ap.add_argument("--quick", action="store_true", help="the bit check and the bandwidth table only")
     ap.add_argument("--block-sweep", nargs="*", help="with --quick: the block kernel's tiles too, for these uses "
@@ -163,12 +205,15 @@ def main() -> None:
     if args.sweep:
         sweep(xs)
         slice_sweep(xs)
+    if args.sweep or args.fos_sweep:
+        fos_sweep(xs)
     if not args.quick or args.block_sweep is not None:
         block_sweep(xs, args.block_sweep or ("codes", "codes_rht", "codes_16x16", "amaxes", "plain"))
     if args.best_out:
         with open(args.best_out, "w") as f:
             json.dump({"TILE": triton_kernels.TILE, "SLICE_TILE": triton_kernels.SLICE_TILE,
-                       "BLOCK_TILES": triton_kernels.BLOCK_TILES, "AMAX_TILE": triton_kernels.AMAX_TILE}, f)
+                       "FOS_TILE": triton_kernels.FOS_TILE, "BLOCK_TILES": triton_kernels.BLOCK_TILES,
+                       "AMAX_TILE": triton_kernels.AMAX_TILE}, f)
     if not args.quick:
         compare_kernels(xs)
     for rht in (False, True):

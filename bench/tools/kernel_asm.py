@@ -61,8 +61,8 @@ def cases():
                 "max_ptr": "*i32" if amax_only else f32, "plain_max_ptr": "*i32" if amax_only else f32},
                dict(SCALE6=2688.0, BM=b["BM"], G=b["G"], RHT=rht, IS_BF16=True, AMAX_ONLY=amax_only, TILE2D=tile2d),
                b["num_warps"], b["BM"] * b["G"] * 16)
-    t = tk.TILE
     for rht, fos in ((False, None), (True, None), (False, "mse")):  # mse: the NVFP4 KV cache's writes (4/6 scales)
+        t = tk.FOS_TILE if fos else tk.TILE
         yield (f"rows codes rht={rht}" + (f" four_over_six={fos}" if fos else ""), tk._quant_kernel,
                {"x_ptr": "*bf16", "signs_ptr": f32, "amax_ptr": f32, "codes_ptr": u8, "scales_ptr": u8,
                 "part_ptr": "*bf16", "dec_ptr": f32, "times_ptr": f32, "seed_ptr": "*i32"},

@@ -722,6 +722,11 @@ if triton is not None:
 
 # tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
 TILE = {"BM": 32, "BK": 128, "num_warps": 4}
+# the row kernel's tile under Four-Over-Six (the NVFP4 KV cache's writes), where two candidates a block are
+# held: at TILE's 32 elements a thread its main path needs 208 registers (bench/tools/kernel_asm.py), two
+# programs an SM; bench/nvfp4_quant.py --fos-sweep times the candidates at the KV write's shape. BM stays
+# a multiple of 16 (16x16 tiles)
+FOS_TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
 AMAX_TILE = {"BLOCK_SIZE": 8192, "ITERS": 8, "num_warps": 16}  # bench/nvfp4_quant.py block_sweep
 # the block kernel's tile per use (bench/nvfp4_quant.py block_sweep): 4 blocks per thread for the codes
@@ -745,8 +750,8 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _grid(m: int, k: int) -> tuple[int, int]:
-    return _cdiv(m, TILE["BM"]), _cdiv(k, TILE["BK"])
+def _grid(m: int, k: int, tile: dict) -> tuple[int, int]:
+    return _cdiv(m, tile["BM"]), _cdiv(k, tile["BK"])
 
 
 def _block_tile(use: str, k: int) -> dict:
@@ -894,9 +899,10 @@ def _launch(x, tile, rht, stochastic, four_over_six, generator, amax, codes, sca
                                            G=SLICE_TILE["G"], num_warps=SLICE_TILE["num_warps"], AMAX_ONLY=False,
                                            **common)
     else:
-        _quant_launcher[_grid(m, k)](*args, _signs(x.device), amax, *outs, seed, BM=TILE["BM"],
-                                     BK=TILE["BK"], num_warps=TILE["num_warps"], TILE2D=tile[0] == BLOCK,
-                                     FOS=FOS_CODES[four_over_six], **common)
+        row = FOS_TILE if four_over_six else TILE
+        _quant_launcher[_grid(m, k, row)](*args, _signs(x.device), amax, *outs, seed, BM=row["BM"],
+                                          BK=row["BK"], num_warps=row["num_warps"], TILE2D=tile[0] == BLOCK,
+                                          FOS=FOS_CODES[four_over_six], **common)
     return amax, scale_max
 
 
