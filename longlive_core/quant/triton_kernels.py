@@ -307,16 +307,20 @@ if triton is not None:
             s_dec, val, code = _candidate(xb, bamax, s_enc, seed, offs, 1.0, SR, FOS)
         else:
             s6, val6, code6 = _candidate(xb, bamax, s_enc, seed, offs, 1.0, SR, FOS)
-            s4, val4, code4 = _candidate(xb, bamax, s_enc, seed + 1, offs, 1.5, SR, FOS)
             e6 = _block_err(val6, s6, s_enc, xb, BM, G, FOS)
+            s4, val4, code4 = _candidate(xb, bamax, s_enc, seed + 1, offs, 1.5, SR, FOS)
             e4 = _block_err(val4, s4, s_enc, xb, BM, G, FOS)
             if TILE2D:
                 e6 = _tile_reduce(e6, BM, G)
                 e4 = _tile_reduce(e4, BM, G)
             pick4 = e4 < e6
             s_dec = tl.where(pick4, s4, s6)
-            val = tl.where(pick4[:, :, None], val4, val6)
-            code = tl.where(pick4[:, :, None], code4, code6)
+            if SR:
+                val = tl.where(pick4[:, :, None], val4, val6)
+                code = tl.where(pick4[:, :, None], code4, code6)
+            else:
+                enc = tl.minimum(_rcp_rn(s_dec * _rcp_rn(s_enc)), _FLT_MAX)
+                val, code = _quant_elem(xb, enc[:, :, None], 0.0, SR)
         if WRITE_CODES:
             c = tl.reshape(code.to(tl.uint8), (BM, BK // 2, 2))
             lo, hi = tl.split(c)
