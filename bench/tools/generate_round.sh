@@ -13,8 +13,7 @@
 #   bash bench/tools/generate_round.sh make parity           # ~6 min: the NVFP4 KV cache against BF16's, twice each
 #   bash bench/tools/generate_round.sh make parity_sync      # ~7 min: the same with decode sync (the DiT's loop alone)
 #   bash bench/tools/generate_round.sh make host_sync        # ~6 min: the host's side of BF16's and NVFP4's loops (cProfile)
-#   bash bench/tools/generate_round.sh make fos_sweep        # ~3 min: the 4/6 quantize tile for the NVFP4 cache's writes,
-#   bash bench/tools/generate_round.sh fos_tile              # ~7 min: then BF16 and NVFP4 caches with each tile (same machine)
+#   bash bench/tools/generate_round.sh fos_sweep             # ~1.5 min: the 4/6 quantize tile for the NVFP4 cache's writes
 #   bash bench/tools/generate_round.sh make fp8_attention    # ~6 min: cuDNN FP8 attention in generate, BF16 and FP8 linears
 #   bash bench/tools/generate_round.sh vae_demo train      # no folders needed; train keeps its plans in $OUT
 #   bash bench/tools/generate_round.sh gpu_tests train_nvfp4 train16 caption   # gpu_tests ~2 min
@@ -72,14 +71,8 @@ for part in "$@"; do case $part in
     host_sync) run host_sync python3 bench/generate_product.py run $root --model dit --precision bf16 \
                    --rows bf16:4,nvfp4:4 --decode sync --host-profile-chunks 16 ;;  # the host's side of each KV
                    # format's loop (cProfile over a 16-chunk video): whether the NVFP4 reads' host time shows (after make)
-    fos_sweep) mkdir -p $root; run fos_sweep python3 bench/nvfp4_quant.py --quick --fos-sweep --best-out $root/tiles.json
-               cp $root/tiles.json "$out/" ;;  # the 4/6 row tile at the KV write's shape (each candidate's bits
-               # checked); kept with the folders for fos_tile, a later call on the same machine
-    fos_tile) run fos_tile_library python3 bench/generate_product.py run $root --model dit --precision bf16 \
-                  --rows bf16:4,nvfp4:4 --decode sync --json "$out/product.jsonl"  # the NVFP4 cache's writes with
-              run fos_tile_swept python3 bench/generate_product.py run $root --model dit --precision bf16 \
-                  --rows bf16:4,nvfp4:4 --decode sync --quant-tiles $root/tiles.json --json "$out/product.jsonl" ;;
-                  # the library's 4/6 tile and with fos_sweep's (after make and fos_sweep, on the same machine)
+    fos_sweep) run fos_sweep python3 bench/nvfp4_quant.py --quick --fos-sweep --best-out "$out/tiles.json" ;;  # the 4/6
+               # row tile at the KV write's shape, each candidate's bits checked (generate_product.py --quant-tiles)
     profile) run profile python3 bench/generate_product.py run $root --model dit --precision bf16 --rows bf16:4,nvfp4:4 \
                  --profile-chunks 5 ;;  # where the NVFP4 cache's loop loses its 2% to the BF16 cache's (after make)
     prompt_embedding) run prompt_embedding python3 bench/prompt_embedding.py $root/umt5 --json "$out/prompt_embedding.jsonl" ;;

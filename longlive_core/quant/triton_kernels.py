@@ -726,11 +726,10 @@ if triton is not None:
 
 # tile of the quantize kernel (BM rows x BK columns) and its warps; bench/nvfp4_quant.py --sweep
 TILE = {"BM": 32, "BK": 128, "num_warps": 4}
-# the row kernel's tile under Four-Over-Six (the NVFP4 KV cache's writes), where two candidates a block are
-# held: at TILE's 32 elements a thread its main path needs 208 registers (bench/tools/kernel_asm.py), two
-# programs an SM; bench/nvfp4_quant.py --fos-sweep times the candidates at the KV write's shape. BM stays
-# a multiple of 16 (16x16 tiles)
-FOS_TILE = {"BM": 32, "BK": 128, "num_warps": 4}
+# the row kernel's tile under Four-Over-Six (the NVFP4 KV cache's writes): 8 elements a thread, where the
+# kernel's two candidates a block made TILE's 32 a thread slow (bench/nvfp4_quant.py --fos-sweep, H100: the
+# KV write 0.141 ms against 0.185 at TILE; bench/RESULTS.md). BM stays a multiple of 16 (16x16 tiles)
+FOS_TILE = {"BM": 16, "BK": 128, "num_warps": 8}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
 AMAX_TILE = {"BLOCK_SIZE": 8192, "ITERS": 8, "num_warps": 16}  # bench/nvfp4_quant.py block_sweep
 # the block kernel's tile per use (bench/nvfp4_quant.py block_sweep): 4 blocks per thread for the codes
