@@ -1,6 +1,6 @@
 """NVFP4 quantize kernel bandwidth on a CUDA GPU (figures go into bench/RESULTS.md).
 
-    python bench/nvfp4_quant.py [--size 8192] [--sweep --best-out best.json]
+    python bench/nvfp4_quant.py [--size 8192] [--sweep --best-out best.json] [--quick --fos-sweep]
 
 Times the Triton kernel on a size x size bfloat16 tensor, with and without the RHT, with the amax
 computed by the kernel's own pass (x read twice) and passed in (x read once), and the partial
@@ -10,7 +10,8 @@ device-to-device copy measured in the same run the same way (a CUDA graph; bytes
 and against the H200's copy bandwidth in ../shared/docs/REFERENCE.md, 4.19 TB/s, which the goal
 names. Checks the bits against the torch reference first. --sweep times the kernel's tile shapes
 and warp counts first and uses the fastest (writing it to --best-out for
-bench/nvfp4_linear.py --tile-from).
+bench/nvfp4_linear.py --tile-from). --fos-sweep: the Four-Over-Six row tile alone, at the NVFP4 KV
+cache's write (bench/generate_product.py --quant-tiles runs the product with it).
 """
 from __future__ import annotations
 

@@ -315,6 +315,8 @@ if triton is not None:
                 e4 = _tile_reduce(e4, BM, G)
             pick4 = e4 < e6
             s_dec = tl.where(pick4, s4, s6)
+            # round to nearest encodes the picked candidate again rather than holding both candidates' values
+            # and codes (96 registers a thread at 32x128x4 against 208); stochastic rounding keeps both draws
             if SR:
                 val = tl.where(pick4[:, :, None], val4, val6)
                 code = tl.where(pick4[:, :, None], code4, code6)
@@ -728,7 +730,7 @@ if triton is not None:
 TILE = {"BM": 32, "BK": 128, "num_warps": 4}
 # the row kernel's tile under Four-Over-Six (the NVFP4 KV cache's writes): 8 elements a thread, where the
 # kernel's two candidates a block made TILE's 32 a thread slow (bench/nvfp4_quant.py --fos-sweep, H100: the
-# KV write 0.141 ms against 0.185 at TILE; bench/RESULTS.md). BM stays a multiple of 16 (16x16 tiles)
+# KV write 0.140 ms against 0.185 at TILE; bench/RESULTS.md). BM stays a multiple of 16 (16x16 tiles)
 FOS_TILE = {"BM": 16, "BK": 128, "num_warps": 8}
 SLICE_TILE = {"BM": 64, "G": 4, "num_warps": 4}
 AMAX_TILE = {"BLOCK_SIZE": 8192, "ITERS": 8, "num_warps": 16}  # bench/nvfp4_quant.py block_sweep
