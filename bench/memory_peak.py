@@ -79,8 +79,11 @@ def _short(frame: Mapping) -> str:
 def record_peak(run, path: Path) -> float:
     """``run()`` (one training step) with every CUDA allocation recorded; what was live at its peak
     written to ``path`` as JSON (``peak_allocations``). Returns the peak in GiB."""
-    # Python stacks only: the report reads this project's Python frames, and a C++ stack costs an unwind per allocation
-    torch.cuda.memory._record_memory_history(max_entries=4_000_000, stacks="python")
+    # Python stacks only: the report reads this project's Python frames, and a C++ stack costs an unwind per
+    # allocation. Stacks of allocations only: a free's stack is not where its memory was made, and gathering one
+    # while torch.utils.checkpoint stops a recomputation early (it raises to do so) is the likely cause of losing
+    # that exception ("Block.forward returned NULL without setting an exception", the 16-block DMD budget step)
+    torch.cuda.memory._record_memory_history(max_entries=4_000_000, context="alloc", stacks="python")
     try:
         run()
         torch.cuda.synchronize()
