@@ -1,7 +1,8 @@
 """Compile the NVFP4 Triton kernels for sm_90 on any machine (no GPU needed) and count what costs:
-layout conversions (shared-memory round trips) in the TTGIR, PTX instructions per element, and the
-SASS instructions on the main path (up to the last EXIT, so not the IEEE division's slow path) per
-element, split by the pipe they run on, with the most frequent opcodes. The block kernel's codes
+layout conversions (shared-memory round trips) in the TTGIR, PTX instructions per element, registers a
+thread (and the programs an SM they allow), and the SASS instructions on the main path (up to the
+last EXIT, so not the IEEE division's slow path) per element, split by the pipe they run on, with
+the most frequent opcodes. The block kernel's codes
 take one of two branches on S_enc (iteration 10: a +0.0 per element where products could underflow);
 the main path counts both, so it overstates the branch the benches take (RHT codes: 21.8 printed,
 19.9 on that branch). The RHT codes kernel
@@ -88,13 +89,27 @@ def window_cases():
            dict(D=128, BN=kv.BLOCK_N, CONVERT=True), 4, kv.BLOCK_N * 128, ("C", "S", "Out") + rows)
 
 
-def sass_main_path(cubin: bytes) -> list[str]:
-    """The SASS instructions up to the last EXIT (cuobjdump ships with Triton)."""
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """cuobjdump's ``flag`` listing of a cubin (cuobjdump ships with Triton)."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def registers(cubin: bytes, warps: int) -> tuple[int, int, int]:
+    """(registers a thread, spill stack bytes, programs an SM the register file allows: 64K registers,
+    allocated 8 a thread at a time, at most 64 warps; shared memory not counted). The 4/6 row kernel at
+    32 elements a thread used 208 registers, two programs of 4 warps an SM, and moved about 0.2 TB/s
+    (bench/RESULTS.md)."""
+    reg, stack = map(int, re.search(r"REG:(\d+).*?STACK:(\d+)", cuobjdump(cubin, "-res-usage")).groups())
+    return reg, stack, min(65536 // (-(-reg // 8) * 8 * 32 * warps), 64 // warps)
+
+
+def sass_main_path(cubin: bytes) -> list[str]:
+    """The SASS instructions up to the last EXIT."""
+    sass = cuobjdump(cubin, "-sass")
     ins = [line.split("*/")[1].strip() for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     last_exit = max(i for i, line in enumerate(ins) if "EXIT" in line)
     return ins[:last_exit + 1]
@@ -117,8 +132,9 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     print("| kernel | convert_layouts | PTX instructions | per element | SASS main path | per element | "
-          "integer/compare pipe per element | FMA pipe per element | top opcodes |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "integer/compare pipe per element | FMA pipe per element | registers a thread (spill bytes) | "
+          "programs an SM | top opcodes |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, fn, pointers, constexprs, warps, elements, *aligned in (*cases(), *window_cases()):
         k = compile_kernel(fn, pointers, constexprs, warps, *aligned)
         ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
@@ -130,8 +146,9 @@ def main() -> None:
         per_sass = warps * 32 / elements
         int_pipe = sum(n for op, n in counts.items() if op in INT_PIPE) * per_sass
         fma_pipe = sum(n for op, n in counts.items() if op in FMA_PIPE) * per_sass
+        reg, stack, programs = registers(k.asm["cubin"], warps)
         print(f"| {name} | {ttgir.count('convert_layout')} | {instructions} | {per_element:.1f} | {len(sass)} | "
-              f"{len(sass) * per_sass:.1f} | {int_pipe:.1f} | {fma_pipe:.1f} | {top} |")
+              f"{len(sass) * per_sass:.1f} | {int_pipe:.1f} | {fma_pipe:.1f} | {reg} ({stack}) | {programs} | {top} |")
         if args.out:
             stem = Path(args.out) / re.sub(r"[^a-z0-9]+", "_", name.lower())
             stem.parent.mkdir(parents=True, exist_ok=True)
