@@ -24,6 +24,7 @@ import triton.testing
 from longlive_core.quant import triton_kernels
 from longlive_core.quant.gemm import quantize_partial
 from longlive_core.quant.nvfp4 import quantize_nvfp4, quantize_torch
+from longlive_core.quant.selfcheck import same_bits
 
 REFERENCE_COPY_TBS = 4.19  # ../shared/docs/REFERENCE.md section 7: the H200's device copy, read + write
 
@@ -134,10 +135,8 @@ def fos_sweep(xs) -> None:
         triton_kernels.FOS_TILE.update(candidate)
         for x in (kv[0], xs[0][:512]):
             for tile in ((1, 16), (16, 16)):
-                ref, got = quantize_torch(x, tile, four_over_six="mse"), triton_kernels.quantize(x, tile,
-                                                                                                four_over_six="mse")
-                assert torch.equal(ref.codes, got.codes) and torch.equal(ref.scales.view(torch.uint8),
-                                                                           got.scales.view(torch.uint8)), candidate
+                assert same_bits(quantize_torch(x, tile, four_over_six="mse"),
+                                 triton_kernels.quantize(x, tile, four_over_six="mse")), (candidate, tile)
     tile_sweep("4/6 row, square operand", triton_kernels.FOS_TILE, candidates,
                [("4/6 codes, amax given", lambda x: triton_kernels.quantize(x, four_over_six="mse", amax=amax))], xs)
     tile_sweep("4/6 row", triton_kernels.FOS_TILE, candidates,  # kept: the KV write is production's 4/6 call

@@ -29,12 +29,12 @@ def test_the_product_bench_makes_its_folders_and_reports_each_row(tmp_path):
     assert (dit.sampling.window, dit.sampling.global_sink) == (6, 2)  # the tiny stand-in for 32 with sinks 8 + 8
     assert (tmp_path / "cache/longlive/weights_sha256.json").is_file()  # a user's later runs read no weights again
     tiles = tmp_path / "tiles.json"  # as bench/nvfp4_quant.py --best-out writes them (older files lack FOS_TILE)
-    tiles.write_text(json.dumps({"TILE": {"BM": 32}, "SLICE_TILE": {}, "FOS_TILE": {"BM": 16, "num_warps": 8}}))
+    tiles.write_text(json.dumps({"TILE": {"BM": 32}, "SLICE_TILE": {}, "FOS_TILE": {"BM": 32, "num_warps": 4}}))
     proc = subprocess.run([*bench, "run", str(root), "--tiny", "--model", "w4a4", "--rows", "nvfp4:4,bf16:2", "--json",
                            str(rows), "--profile-chunks", "2", "--host-profile-chunks", "2",
                            "--quant-tiles", str(tiles)], check=True, env=env, cwd=tmp_path, capture_output=True,
                           text=True)
-    assert "4/6 rows {'BM': 16, 'BK': 128, 'num_warps': 8}" in proc.stdout
+    assert "4/6 rows {'BM': 32, 'BK': 128, 'num_warps': 4}" in proc.stdout  # not the library's 16x128, 8 warps
     assert proc.stdout.count("# profile: ") == 2 and proc.stdout.count("  kernels: ") == 2  # one a row
     assert proc.stdout.count("# host profile: ") == 2 and proc.stdout.count("library's functions, cumulative") == 2
     assert proc.stdout.count("warm-up again: ") == 1  # the bf16 row's cache is new to the process
